@@ -1,0 +1,400 @@
+"""The sweep spec: a YAML file, validated with pydantic.
+
+Errors name the file, the line when the YAML has one, the field, and what is allowed
+(`SpecError`). Every string that can reach a shell script or a file name is checked against a
+strict pattern here, so that no spec value can become a command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
+                      ValidationError, field_validator, model_validator)
+
+from sweep import catalog
+from sweep.hardware import GpuSpec
+from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
+from sweep.model import ModelShape, shape_problems
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+# Slurm option values: partition names, accounts, QoS, feature expressions, node lists.
+SLURM_VALUE_PATTERN = r"^[A-Za-z0-9._,:=@%+/\[\]-]{1,256}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+TIME_PATTERN = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+SlurmValue = Annotated[str, Field(pattern=SLURM_VALUE_PATTERN)]
+PositiveInt = Annotated[int, Field(gt=0)]
+Auto = Literal["auto"]
+
+
+def _catalog_model(name: str) -> str:
+    try:
+        catalog.get_model(name)
+    except catalog.CatalogError as error:
+        raise ValueError(str(error)) from None
+    return name
+
+
+ModelRef = Annotated[Name, AfterValidator(_catalog_model)]
+
+
+class SpecError(ValueError):
+    """A spec problem, located: file, line (0 if unknown), field, and the fix."""
+
+    def __init__(self, path: str, line: int, field: str, message: str) -> None:
+        self.path, self.line, self.field, self.message = path, line, field, message
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {field}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InlineModel(_Strict):
+    """A model given by its shape instead of a catalog name."""
+
+    name: Name
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt | None = None
+    ffn_hidden_size: PositiveInt
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool = False
+    head_dim: PositiveInt | None = None
+    num_experts: Annotated[int, Field(ge=0)] = 0
+    experts_per_token: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _buildable(self) -> InlineModel:
+        self.to_shape()
+        return self
+
+    def to_shape(self) -> ModelShape:
+        shape = ModelShape(
+            name=self.name, num_layers=self.num_layers, hidden_size=self.hidden_size,
+            num_attention_heads=self.num_attention_heads,
+            num_kv_heads=self.num_kv_heads or self.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size, vocab_size=self.vocab_size,
+            tie_word_embeddings=self.tie_word_embeddings, head_dim=self.head_dim or 0,
+            num_experts=self.num_experts, experts_per_token=self.experts_per_token,
+            source="inline in spec")
+        problems = shape_problems(shape)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return shape
+
+
+ModelEntry = Annotated[
+    Annotated[ModelRef, Tag("catalog")] | Annotated[InlineModel, Tag("inline")],
+    Discriminator(lambda value: "catalog" if isinstance(value, str) else "inline"),
+]
+
+
+class GlobalBatch(_Strict):
+    sequences: PositiveInt | None = None
+    tokens: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> GlobalBatch:
+        if (self.sequences is None) == (self.tokens is None):
+            raise ValueError("give exactly one of `sequences` or `tokens`")
+        return self
+
+
+IntAxis = Auto | list[PositiveInt]
+
+
+class Axes(_Strict):
+    """The axes to sweep. `auto` derives the values from the GPU count and the model."""
+
+    dp: IntAxis = "auto"
+    tp: IntAxis = "auto"
+    pp: IntAxis = "auto"
+    cp: IntAxis = [1]
+    ep: IntAxis = [1]
+    mbs: IntAxis = "auto"
+    zero_stage: Auto | list[Literal[0, 1, 2, 3]] = "auto"
+    recompute: list[Literal["none", "selective", "full"]] = ["none"]
+    sp: list[bool] = [True]
+    pp_schedule: list[Literal["1f1b", "gpipe", "interleaved_1f1b"]] = ["1f1b"]
+
+    @field_validator("dp", "tp", "pp", "cp", "ep", "mbs", "zero_stage", "recompute", "sp",
+                     "pp_schedule")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("must list at least one value (or be `auto` where allowed)")
+        return sorted(set(value)) if isinstance(value, list) else value
+
+
+class Constraints(_Strict):
+    max_tp: PositiveInt | None = None  # default: GPUs per node
+    allow_tp_across_nodes: bool = False
+    max_pp: PositiveInt | None = None
+    max_mbs: PositiveInt = 64
+    memory_headroom: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.0  # fraction of GPU memory kept free
+
+
+class RunSettings(_Strict):
+    """How each run executes; `overrides` can change these for a subset of runs."""
+
+    steps: PositiveInt = 10
+    warmup_steps: Annotated[int, Field(ge=0)] = 3
+    time_limit: str = "00:20:00"
+    startup_timeout_s: PositiveInt = 600
+    hang_timeout_s: PositiveInt = 300
+    signal_before_s: PositiveInt = 120
+    exclusive: bool = True
+    partition: SlurmValue | None = None
+    account: SlurmValue | None = None
+    qos: SlurmValue | None = None
+    constraint: SlurmValue | None = None
+    reservation: SlurmValue | None = None
+    exclude: list[SlurmValue] = []
+    cpus_per_task: PositiveInt | None = None
+    mem: SlurmValue | None = None  # Slurm --mem per node, e.g. "64G"
+    rank_memory_limit_mb: PositiveInt | None = None  # RLIMIT_AS per rank (CPU OOM demo and tests)
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = {}
+    framework_dir: str | None = None  # checkout of Megatron-LM / nanotron / torchtitan
+    python: str = "python3"
+    seed: Annotated[int, Field(ge=0)] = 1234
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not TIME_PATTERN.match(value):
+            raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @field_validator("framework_dir", "python")
+    @classmethod
+    def _safe_path(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._/+~-]{1,512}", value):
+            raise ValueError("paths may use letters, digits and . _ / + ~ - only")
+        return value
+
+    @property
+    def time_limit_s(self) -> int:
+        match = TIME_PATTERN.match(self.time_limit)
+        assert match is not None
+        if match.group(5):
+            return int(match.group(5)) * 60
+        days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
+        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class Override(_Strict):
+    """Run settings for the runs whose plan columns equal every value of `where`."""
+
+    where: dict[str, str | int | bool]
+    set: dict[str, Any]
+
+    @field_validator("where")
+    @classmethod
+    def _known_columns(cls, value: dict[str, Any]) -> dict[str, Any]:
+        allowed = {"model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
+                   "zero_stage", "recompute", "sp", "pp_schedule"}
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise ValueError(f"unknown column(s) {unknown}; allowed: {sorted(allowed)}")
+        return value
+
+
+class Spec(_Strict):
+    name: Name
+    framework: Literal["megatron", "nanotron", "torchtitan", "builtin"] = "builtin"
+    models: list[ModelEntry] = Field(min_length=1)
+    nodes: list[PositiveInt] = Field(min_length=1)
+    gpus_per_node: PositiveInt | None = None  # default: the GPU type's usual node
+    gpu: str = "h100-sxm"
+    gpu_memory_gb: Annotated[float, Field(gt=0)] | None = None  # override the catalog (GiB)
+    dtype: Literal["bf16", "fp16", "fp8", "tf32", "fp32"] = "bf16"
+    seq_len: PositiveInt
+    global_batch: GlobalBatch
+    axes: Axes = Axes()
+    constraints: Constraints = Constraints()
+    run: RunSettings = RunSettings()
+    overrides: list[Override] = []
+    templates_dir: str | None = None
+
+    @field_validator("nodes")
+    @classmethod
+    def _unique_nodes(cls, value: list[int]) -> list[int]:
+        return sorted(set(value))
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str) -> str:
+        try:
+            return catalog.get_gpu(value).name
+        except catalog.CatalogError as error:
+            raise ValueError(str(error)) from None
+
+    @field_validator("models")
+    @classmethod
+    def _known_models(cls, value: list[Any]) -> list[Any]:
+        names = [e if isinstance(e, str) else e.name for e in value]
+        if len(set(names)) != len(names):
+            raise ValueError("model names must be unique")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Spec:
+        allowed = FRAMEWORK_ZERO_STAGES[self.framework]
+        if self.axes.zero_stage != "auto":
+            bad = [z for z in self.axes.zero_stage if z not in allowed]
+            if bad:
+                raise ValueError(
+                    f"axes.zero_stage: {self.framework} supports ZeRO stages {list(allowed)}, "
+                    f"not {bad}")
+        if self.global_batch.tokens is not None and self.global_batch.tokens % self.seq_len:
+            raise ValueError(
+                f"global_batch.tokens: {self.global_batch.tokens} is not a multiple of seq_len "
+                f"{self.seq_len}; use a multiple, or give global_batch.sequences")
+        if self.run.warmup_steps >= self.run.steps:
+            raise ValueError(
+                f"run.warmup_steps: must be smaller than run.steps ({self.run.steps}) so that "
+                "some steps are measured")
+        return self
+
+    # Resolved views -----------------------------------------------------------------------
+
+    @cached_property
+    def gpu_spec(self) -> GpuSpec:
+        spec = catalog.get_gpu(self.gpu)
+        if self.gpu_memory_gb is not None:
+            from dataclasses import replace
+            spec = replace(spec, memory_bytes=int(self.gpu_memory_gb * 2**30))
+        return spec
+
+    @property
+    def gpus_per_node_resolved(self) -> int:
+        return self.gpus_per_node or self.gpu_spec.gpus_per_node
+
+    @cached_property
+    def model_shapes(self) -> tuple[ModelShape, ...]:
+        return tuple(catalog.get_model(m) if isinstance(m, str) else m.to_shape()
+                     for m in self.models)
+
+    @property
+    def global_batch_sequences(self) -> int:
+        if self.global_batch.sequences is not None:
+            return self.global_batch.sequences
+        assert self.global_batch.tokens is not None
+        return self.global_batch.tokens // self.seq_len
+
+    @property
+    def zero_stages(self) -> tuple[int, ...]:
+        if self.axes.zero_stage == "auto":
+            return FRAMEWORK_ZERO_STAGES[self.framework]
+        return tuple(self.axes.zero_stage)
+
+    @property
+    def max_tp(self) -> int:
+        return self.constraints.max_tp or self.gpus_per_node_resolved
+
+    def spec_hash(self) -> str:
+        """A stable hash of the validated spec (order of YAML keys does not matter)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def run_settings_for(self, columns: dict[str, Any]) -> RunSettings:
+        """The run settings of one run: the defaults, then each matching override in order."""
+        settings = self.run
+        for override in self.overrides:
+            if all(_same(columns.get(k), v) for k, v in override.where.items()):
+                settings = RunSettings.model_validate({**settings.model_dump(), **override.set})
+        return settings
+
+
+def _same(actual: Any, wanted: Any) -> bool:
+    return actual == wanted or str(actual) == str(wanted)
+
+
+# Loading ------------------------------------------------------------------------------------
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file; raises SpecError located at the offending line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecError(str(path), 0, "(file)", f"cannot read the spec: {error.strerror}") from None
+    return parse_spec(text, str(path))
+
+
+def parse_spec(text: str, source: str = "<spec>") -> Spec:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = mark.line + 1 if mark else 0
+        raise SpecError(source, line, "(yaml)", f"not valid YAML: {getattr(error, 'problem', error)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(source, 1, "(top level)", "the spec must be a YAML mapping of fields")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = tuple(first["loc"])
+        field = _field_path(loc)
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "extra_forbidden":
+            message = "unknown field; check the spelling against the README's spec reference"
+        elif first["type"] == "literal_error":
+            message = f"{message} (got {first.get('input')!r})"
+        elif first["type"] == "string_pattern_mismatch":
+            message = (f"{first.get('input')!r} has characters that are not allowed here "
+                       f"(must match {first['ctx']['pattern']})")
+        located = re.match(r"^([a-z_]+(?:\.[a-z_]+)*): (.*)$", message, re.S)
+        if not loc and located:  # a cross-field check names its field in the message
+            field, message = located.groups()
+            loc = tuple(field.split("."))
+        return_line = _line_of(root, loc)
+        raise SpecError(source, return_line, field, message) from None
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif item in ("str", "catalog", "inline", "InlineModel") or "[" in str(item) \
+                or str(item).startswith("literal") or str(item).startswith("function"):
+            continue  # pydantic's union-branch markers are not fields
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or "(top level)"
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
+    """The 1-based line of the deepest YAML node that `loc` reaches."""
+    line = node.start_mark.line + 1 if node is not None else 0
+    for key in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if k.value == key), None)
+            if match is None:
+                key_node = next((k for k, _ in node.value if k.value == key), None)
+                return key_node.start_mark.line + 1 if key_node else line
+            node = match
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
+            node = node.value[key]
+        else:
+            continue
+        line = node.start_mark.line + 1
+    return line
+
+
+__all__ = ["Spec", "SpecError", "load_spec", "parse_spec", "FRAMEWORKS", "PP_SCHEDULES",
+           "RECOMPUTE_MODES", "DTYPES"]
