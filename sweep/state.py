@@ -1,0 +1,113 @@
+"""Files on the shared filesystem: atomic JSON writes, the append-only ledger, attempt folders.
+
+There is no database: login and compute nodes share only a filesystem, and SQLite on NFS/Lustre
+corrupts. Every file is written atomically (temp file in the same directory, fsync, rename), so a
+reader sees the old content or the new one, never half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+RUN_FILE = "run.json"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+LEDGER_FILE = "ledger.jsonl"
+ATTEMPTS_DIR = "attempts"
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The parsed file, or None when it does not exist."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one record as one line; a single write(2) of a short line, then fsync."""
+    line = json.dumps(record, sort_keys=True, default=str) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Records of a JSON-lines file; a torn last line (a writer killed mid-write) is skipped."""
+    try:
+        handle = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        return
+    with handle:
+        for line in handle:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def attempt_dirs(run_dir: str | Path) -> list[Path]:
+    """A run's attempt folders, oldest first (attempts/1, attempts/2, ...)."""
+    root = Path(run_dir) / ATTEMPTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()),
+                  key=lambda p: int(p.name))
+
+
+def new_attempt_dir(run_dir: str | Path) -> Path:
+    """Create the next attempt folder; safe against a concurrent creator (mkdir is atomic)."""
+    root = Path(run_dir) / ATTEMPTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    number = len(attempt_dirs(run_dir)) + 1
+    while True:
+        candidate = root / str(number)
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
