@@ -1,0 +1,121 @@
+"""The spec: what it accepts, and the located errors it gives for what it does not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweep.spec import SpecError, load_spec, parse_spec
+
+MINIMAL = """\
+name: demo
+models: [playbook-1b]
+nodes: [1, 2]
+seq_len: 4096
+global_batch: {sequences: 256}
+"""
+
+
+def error_of(text: str) -> SpecError:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "spec.yaml")
+    return caught.value
+
+
+def test_minimal_spec_takes_sensible_defaults() -> None:
+    spec = parse_spec(MINIMAL)
+    assert spec.framework == "builtin" and spec.gpu == "h100-sxm"
+    assert spec.gpus_per_node_resolved == 8 and spec.max_tp == 8
+    assert spec.zero_stages == (0, 1, 2, 3)
+    assert spec.global_batch_sequences == 256
+    assert spec.axes.recompute == ["none"] and spec.axes.sp == [True]
+
+
+def test_global_batch_in_tokens_is_converted_to_sequences() -> None:
+    spec = parse_spec(MINIMAL.replace("{sequences: 256}", "{tokens: 1048576}"))
+    assert spec.global_batch_sequences == 256
+
+
+def test_framework_restricts_zero_stages() -> None:
+    assert parse_spec(MINIMAL + "framework: nanotron\n").zero_stages == (0, 1)
+    error = error_of(MINIMAL + "framework: nanotron\naxes: {zero_stage: [3]}\n")
+    assert error.field == "axes.zero_stage" and error.line == 7 and "[0, 1]" in error.message
+
+
+def test_spec_hash_ignores_key_order() -> None:
+    reordered = "seq_len: 4096\n" + MINIMAL.replace("seq_len: 4096\n", "")
+    assert parse_spec(MINIMAL).spec_hash() == parse_spec(reordered).spec_hash()
+    assert parse_spec(MINIMAL).spec_hash() != parse_spec(MINIMAL.replace("[1, 2]", "[1]")).spec_hash()
+
+
+@pytest.mark.parametrize("text, field, line, fragment", [
+    (MINIMAL.replace("playbook-1b", "gpt-9"), "models[0]", 2, "unknown model 'gpt-9'"),
+    (MINIMAL + "gpu: tpu-v9\n", "gpu", 6, "unknown GPU type"),
+    (MINIMAL.replace("[1, 2]", "[0, 2]"), "nodes[0]", 3, "greater than 0"),
+    (MINIMAL.replace("[1, 2]", "[-4]"), "nodes[0]", 3, "greater than 0"),
+    (MINIMAL.replace("sequences: 256", "sequences: 0"), "global_batch.sequences", 5, "greater than 0"),
+    (MINIMAL.replace("seq_len: 4096", "seq_len: -1"), "seq_len", 4, "greater than 0"),
+    (MINIMAL.replace("{sequences: 256}", "{tokens: 1000}"), "global_batch.tokens", 5, "multiple of seq_len"),
+    (MINIMAL + "axes: {recompute: [sometimes]}\n", "axes.recompute[0]", 6, "'none', 'selective' or 'full'"),
+    (MINIMAL + "nodez: [1]\n", "nodez", 6, "unknown field"),
+    (MINIMAL + "run: {time_limit: soon}\n", "run.time_limit", 6, "HH:MM:SS"),
+])
+def test_bad_specs_are_located(text: str, field: str, line: int, fragment: str) -> None:
+    error = error_of(text)
+    assert (error.field, error.line) == (field, line)
+    assert fragment in error.message
+    assert str(error).startswith(f"spec.yaml:{line}: {field}: ")
+
+
+@pytest.mark.parametrize("hostile", [
+    "name: 'x; rm -rf /'",
+    "name: '$(reboot)'",
+    "name: \"a`id`\"",
+    "name: \"a\\nb\"",
+])
+def test_hostile_names_are_rejected(hostile: str) -> None:
+    error = error_of(MINIMAL.replace("name: demo", hostile))
+    assert error.field == "name" and "not allowed" in error.message
+
+
+@pytest.mark.parametrize("setting", [
+    "partition: 'gpu; reboot'", "account: '$(id)'", "qos: 'a b'", "exclude: ['node1`id`']",
+    "framework_dir: '/opt/x; rm'", "env: {'BAD NAME': x}",
+])
+def test_values_that_reach_the_shell_are_checked(setting: str) -> None:
+    error = error_of(MINIMAL + f"run: {{{setting}}}\n")
+    assert error.field.startswith("run.")
+
+
+def test_inline_model_shape_is_validated() -> None:
+    text = MINIMAL.replace("models: [playbook-1b]", """models:
+  - name: mini
+    num_layers: 2
+    hidden_size: 64
+    num_attention_heads: 4
+    num_kv_heads: 3
+    ffn_hidden_size: 128
+    vocab_size: 100""")
+    error = error_of(text)
+    assert error.field == "models[0]" and "num_kv_heads" in error.message
+
+
+def test_overrides_change_run_settings_for_matching_runs_only() -> None:
+    spec = parse_spec(MINIMAL + "overrides:\n  - where: {mbs: 8}\n    set: {rank_memory_limit_mb: 500}\n")
+    assert spec.run_settings_for({"mbs": 8}).rank_memory_limit_mb == 500
+    assert spec.run_settings_for({"mbs": 4}).rank_memory_limit_mb is None
+
+
+def test_unreadable_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read"):
+        load_spec(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(bad)
+
+
+def test_example_specs_are_valid(repo_root: Path) -> None:
+    for path in sorted((repo_root / "examples").glob("*.yaml")):
+        load_spec(path)

@@ -1,0 +1,43 @@
+"""State files: atomic writes, torn ledger lines, attempt numbering."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from sweep import state
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "status.json"
+    state.atomic_write_json(target, {"outcome": "completed"})
+    state.atomic_write_json(target, {"outcome": "oom"})
+    assert state.read_json(target) == {"outcome": "oom"}
+    assert os.listdir(target.parent) == ["status.json"]
+
+
+def test_missing_file_reads_as_none(tmp_path: Path) -> None:
+    assert state.read_json(tmp_path / "nope.json") is None
+    assert list(state.read_jsonl(tmp_path / "nope.jsonl")) == []
+
+
+def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    ledger = tmp_path / state.LEDGER_FILE
+    state.append_jsonl(ledger, {"event": "before_sbatch", "n": 1})
+    state.append_jsonl(ledger, {"event": "after_sbatch", "n": 1})
+    with open(ledger, "a") as handle:
+        handle.write('{"event": "before_sb')  # a submitter killed mid-write
+    assert [r["event"] for r in state.read_jsonl(ledger)] == ["before_sbatch", "after_sbatch"]
+
+
+def test_attempt_numbers_are_unique_under_concurrency(tmp_path: Path) -> None:
+    made: list[Path] = []
+    threads = [threading.Thread(target=lambda: made.append(state.new_attempt_dir(tmp_path)))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(int(p.name) for p in made) == list(range(1, 9))
+    assert [p.name for p in state.attempt_dirs(tmp_path)] == [str(i) for i in range(1, 9)]
