@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The test command: sets up everything the tests need on a fresh machine, then runs them.
+#   1. the virtualenv with llm-sweep, torch (CPU wheel) and pytest   (scripts/setup-env.sh)
+#   2. shellcheck, to lint rendered sbatch scripts                     (Debian package)
+#   3. a real Slurm cluster: munge, MariaDB+slurmdbd, slurmctld, 4 slurmd (scripts/local-slurm.sh)
+# Then pytest over tests/. Extra arguments go to pytest (e.g. -k watchdog, -m "not slow").
+# SWEEP_NO_SLURM=1 skips step 3 (the Slurm tests then skip instead of failing).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+bash scripts/setup-env.sh
+
+if ! command -v shellcheck >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      -o DPkg::Lock::Timeout=600 shellcheck) >/dev/null
+  else
+    echo "test.sh: shellcheck is missing and this is not root: install it (apt-get install shellcheck)" >&2
+  fi
+fi
+
+if [[ "${SWEEP_NO_SLURM:-0}" != 1 ]]; then
+  bash scripts/local-slurm.sh start
+  export SWEEP_REQUIRE_SLURM=1
+fi
+
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+if [[ $status -eq 5 ]]; then
+  echo "test.sh: pytest collected no tests" >&2
+  exit 1
+fi
+exit $status
