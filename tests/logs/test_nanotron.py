@@ -1,0 +1,107 @@
+"""The nanotron parser reads real step lines (Jan 2024, Jan 2025, Oct 2025) and nanotron main's newest header.
+
+Fixtures: tests/fixtures/logs/nanotron_steps_{1,2}.log (copies of ../shared/refdata/logs) and
+nanotron_steps_issue390.log (huggingface/nanotron issue #390), each with its #SOURCE header.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from sweep.logs import get_parser
+from sweep.logs.nanotron import human_number
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return get_parser("nanotron")
+
+
+def test_human_format_numbers_are_read_back_exactly():
+    assert human_number("13.8K") == Decimal("13800")
+    assert human_number("85.8G") == Decimal("85800000000")
+    assert human_number("85.8B") == Decimal("85800000000")  # newer nanotron says B for billions
+    assert human_number("592") == Decimal("592")
+    assert human_number("1e-05") == Decimal("0.00001")
+    assert human_number("0.00869") == Decimal("0.00869")
+    assert human_number("N/A") is None and human_number("") is None and human_number("12Q") is None
+
+
+def test_jan_2025_log_steps_and_memory_lines(parser):
+    log = parser.parse_file(FIXTURES / "nanotron_steps_1.log")
+    assert [r.step for r in log.steps] == list(range(1, 22))
+    assert log.format_version == "nanotron-2024"
+    step1, step2 = log.steps[0], log.steps[1]
+    assert step1.step_time_s == 13.8  # elapsed_time_per_iteration_ms: 13.8K
+    assert step1.tokens_per_sec == 1180.0 and step1.tokens_per_sec_per_gpu == 592.0
+    assert step1.loss == 14.5 and step1.learning_rate == 5e-08 and step1.grad_norm == 64.7
+    assert step1.tflops_per_gpu == 13.9 and step1.global_batch_size == 4 and step1.total_steps == 120000
+    assert step1.mem_reserved_bytes == 39 * 10**9  # cuda_max_memory_reserved: 39G
+    assert step1.mem_allocated_bytes is None  # cuda_memory_allocated is current, not peak
+    assert step1.timestamp == datetime(2025, 1, 27, 15, 50, 16, tzinfo=timezone.utc).timestamp()
+    assert (step2.step_time_s, step2.tokens_per_sec_per_gpu, step2.tflops_per_gpu) == (0.538, 15200.0, 358.0)
+    assert log.steps[5].mem_reserved_bytes is None  # memory fields only on iterations 1-4
+    # ` Memory usage: ...MiB. Peak allocated ...MiB. Peak reserved: ...MiB` lines, plus the two
+    # `[After model building]` lines; the largest peak allocated is 41138.03 MiB
+    assert log.peak_mem_allocated_bytes == round(41138.03 * MIB)
+    assert log.peak_mem_reserved_bytes == 50_900_000_000  # the 50.9G on a step line beats 48542 MiB
+    assert log.problems == () and not log.truncated
+
+
+def test_jan_2024_log_with_host_in_tag(parser):
+    log = parser.parse_file(FIXTURES / "nanotron_steps_2.log")
+    assert [r.step for r in log.steps] == [991, 992, 993]
+    first = log.steps[0]
+    assert (first.step_time_s, first.tokens_per_sec, first.tokens_per_sec_per_gpu) == (0.045, 14200.0, 1780.0)
+    assert first.tflops_per_gpu == 0.00869 and first.mem_reserved_bytes == 547_000_000
+    assert log.steps[1].step_time_s == 0.0412 and log.steps[1].mem_reserved_bytes is None
+
+
+def test_oct_2025_log_is_still_the_2024_format(parser):
+    log = parser.parse_file(FIXTURES / "nanotron_steps_issue390.log")
+    assert [r.step for r in log.steps] == [327281, 327282, 327283, 327284]
+    assert log.format_version == "nanotron-2024"
+    assert [r.loss for r in log.steps] == [2.38, 2.35, 2.51, 2.36]
+    assert {(r.step_time_s, r.tokens_per_sec_per_gpu, r.total_steps) for r in log.steps} == {(11.5, 11400.0, 378950)}
+
+
+def test_current_main_header_without_year_with_ansi_and_conditional_tags(parser):
+    # Constructed from nanotron main's SafeFormatter (fmt "\033[2;3m%(asctime)s [%(levelname)s{ranks}]\033[0m:
+    # %(message)s", datefmt "%m/%d %H:%M:%S", rank tags only for sizes > 1) around the Oct 2025 message.
+    message = (
+        "iteration: 12 / 100 | consumed_tokens: 98.3K | elapsed_time_per_iteration_ms: 2.05K | tokens_per_sec: 4K"
+        " | tokens_per_sec_per_gpu: 500 | global_batch_size: 2 | lm_loss: 9.87 | lr: 0.0003 | model_tflops_per_gpu: 210"
+        " | hardware_tflops_per_gpu: 210 | grad_norm: 0.953"
+    )
+    record = parser.match_step(f"\x1b[2;3m10/17 16:31:56 [INFO|DP=0|TP=1]\x1b[0m: {message}")
+    assert record is not None and record.format_version == "nanotron-current"
+    assert (record.step, record.step_time_s, record.tokens_per_sec, record.loss) == (12, 2.05, 4000.0, 9.87)
+    assert record.timestamp is None  # no year: no absolute time
+    assert parser.match_step(f"\x1b[2;3m10/17 16:31:56 [INFO]\x1b[0m: {message}").step == 12
+
+
+def test_other_lines_garbled_or_cut_lines_are_none(parser):
+    lines = (FIXTURES / "nanotron_steps_1.log").read_text().splitlines()
+    start = next(line for line in lines if "[Start training]" in line)
+    assert parser.match_step(start) is None
+    # the fragment the issue corpus shows after issue #390's 4th line: a line without its header
+    assert parser.match_step("36.9 | hardware_tflops_per_gpu: 36.9 | grad_norm: 1.27") is None
+    assert parser.match_step("10/05/2025 20:32:24 [INFO|DP=0|PP=1|TP=0]: iteration:") is None
+    assert parser.match_step("01/17/2024 13:47:27 [INFO|DP=0]: iteration: 5 / 9 | lm_loss: 1") is None  # no step time
+    assert parser.match_step("") is None
+
+
+def test_truncated_file_keeps_complete_lines(parser, tmp_path):
+    text = (FIXTURES / "nanotron_steps_issue390.log").read_text()
+    path = tmp_path / "node0.out"
+    path.write_text(text[: text.rindex("lm_loss: 2.36")])  # constructed: last line cut
+    log = parser.parse_file(path)
+    assert [r.step for r in log.steps] == [327281, 327282, 327283]
+    assert log.truncated and str(path) in log.problems[0]
