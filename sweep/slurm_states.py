@@ -1,0 +1,92 @@
+"""Slurm accounting (sacct) states and exit codes -> a run outcome.
+
+A job killed by Slurm (time limit, node failure, cancel, preemption) writes no status.json, so
+sacct decides. Two traps (found on a real cluster, see notes/local-slurm.md):
+- An OOM kill inside an `srun` step marks the *step* OUT_OF_MEMORY (0:125), while the job is
+  FAILED 1:0 (srun was the last command) or even COMPLETED 0:0 with DerivedExitCode 0:125. So the
+  step states and the derived exit code are checked, never the job state alone.
+- On a node failure the steps end CANCELLED 0:15 while the job is NODE_FAIL; when the batch host
+  itself failed, the batch step may even be COMPLETED. The job row decides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# States in which the job may still run or run again: no outcome yet.
+PENDING_STATES = frozenset(
+    {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "CONFIGURING",
+     "COMPLETING", "STAGE_OUT", "SIGNALING", "STOPPED", "RESV_DEL_HOLD", "SPECIAL_EXIT", "REVOKED"}
+)  # fmt: skip
+OOM_SIGNAL = 125  # Slurm reports a cgroup OOM kill as exit code 0:125
+_EXIT = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+_SIGNAL_NAMES = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+
+
+def normalize_state(state: str) -> str:
+    """'CANCELLED by 1000' -> 'CANCELLED'; sacct's truncated 'CANCELLED+' -> 'CANCELLED'."""
+    word = state.strip().split(" ", 1)[0] if state.strip() else ""
+    return word.rstrip("+").upper()
+
+
+def parse_exit_code(text: str | None, field: str = "ExitCode") -> tuple[int, int] | None:
+    """sacct's 'code:signal' -> (code, signal); None for an empty field."""
+    if text is None or not text.strip():
+        return None
+    match = _EXIT.match(text)
+    if match is None:
+        raise ValueError(f"sacct {field} {text!r} is not of the form 'code:signal' (e.g. '1:0')")
+    return int(match[1]), int(match[2])
+
+
+def outcome_from_sacct(
+    job_state: str,
+    exit_code: str | None = None,
+    derived_exit_code: str | None = None,
+    step_states: Iterable[str] = (),
+) -> tuple[str, str] | None:
+    """(outcome, reason) for a finished job; None while the job may still run (or run again)."""
+    job = normalize_state(job_state)
+    steps = [normalize_state(s) for s in step_states if s and s.strip()]
+    if not job or job in PENDING_STATES:
+        return None
+    code = parse_exit_code(exit_code, "ExitCode")
+    derived = parse_exit_code(derived_exit_code, "DerivedExitCode")
+
+    if job == "NODE_FAIL" or "NODE_FAIL" in steps:
+        return "node_fail", "slurm_node_fail"
+    if job == "BOOT_FAIL":
+        return "node_fail", "slurm_boot_fail"
+    if job == "PREEMPTED" or "PREEMPTED" in steps:
+        return "preempted", "slurm_preempted"
+    if job == "OUT_OF_MEMORY":
+        return "oom", "slurm_out_of_memory"
+    if "OUT_OF_MEMORY" in steps:
+        return "oom", f"slurm_step_out_of_memory (job {job})"
+    if OOM_SIGNAL in (_signal(code), _signal(derived)):
+        return "oom", f"slurm_exit_signal_125 (job {job})"
+    if job in ("TIMEOUT", "DEADLINE") or "TIMEOUT" in steps:
+        return "timeout", "slurm_time_limit" if job != "DEADLINE" else "slurm_deadline"
+    if job == "CANCELLED":
+        return "cancelled", "slurm_cancelled"
+    if job == "FAILED" or "FAILED" in steps:
+        return "crashed", "slurm_failed" + _describe(code or derived)
+    if job == "COMPLETED":
+        if derived is not None and derived != (0, 0):
+            return "crashed", "slurm_step_failed" + _describe(derived)
+        return "completed", "slurm_completed"
+    return "crashed", f"slurm_state_{job.lower()}"
+
+
+def _signal(code: tuple[int, int] | None) -> int | None:
+    return code[1] if code is not None else None
+
+
+def _describe(code: tuple[int, int] | None) -> str:
+    if code is None:
+        return ""
+    exit_status, signal = code
+    if signal:
+        return f" (signal {_SIGNAL_NAMES.get(signal, signal)})"
+    return f" (exit code {exit_status})"

@@ -1,0 +1,70 @@
+"""sacct job and step states -> outcome, including the traps seen on the local Slurm cluster.
+
+The (job state, exit code, derived exit code, step states) combinations below are the ones recorded
+in ../shared/notes/local-slurm.md for Slurm 22.05 (OOM inside srun, node failure, time limit, scancel).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep.slurm_states import normalize_state, outcome_from_sacct, parse_exit_code
+
+
+@pytest.mark.parametrize("state", ["PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", ""])
+def test_unfinished_jobs_have_no_outcome(state):
+    assert outcome_from_sacct(state) is None
+
+
+def test_clean_completion():
+    assert outcome_from_sacct("COMPLETED", "0:0", "0:0", ["COMPLETED", "COMPLETED"]) == ("completed", "slurm_completed")
+
+
+def test_oom_in_srun_step_when_srun_was_the_last_command():
+    # job FAILED 1:0, the step OUT_OF_MEMORY 0:125: the job state alone would say "crashed"
+    outcome, reason = outcome_from_sacct("FAILED", "1:0", "0:125", ["FAILED", "OUT_OF_MEMORY"])
+    assert outcome == "oom" and reason.startswith("slurm_step_out_of_memory")
+
+
+def test_oom_in_srun_step_hidden_behind_a_completed_job():
+    # another command ran after srun: the job is COMPLETED 0:0, only DerivedExitCode 0:125 tells
+    assert outcome_from_sacct("COMPLETED", "0:0", "0:125")[0] == "oom"
+    assert outcome_from_sacct("COMPLETED", "0:0", "0:0", ["COMPLETED", "OUT_OF_MEMORY"])[0] == "oom"
+
+
+def test_oom_of_the_batch_step():
+    assert outcome_from_sacct("OUT_OF_MEMORY", "0:125") == ("oom", "slurm_out_of_memory")
+
+
+def test_node_failure_judged_by_the_job_row():
+    # steps end CANCELLED 0:15, or COMPLETED when the batch host itself failed
+    assert outcome_from_sacct("NODE_FAIL", "0:0", None, ["CANCELLED", "CANCELLED"]) == ("node_fail", "slurm_node_fail")
+    assert outcome_from_sacct("NODE_FAIL", "0:0", None, ["COMPLETED"]) == ("node_fail", "slurm_node_fail")
+    assert outcome_from_sacct("BOOT_FAIL")[0] == "node_fail"
+
+
+def test_cancel_by_user_versus_node_failure():
+    assert outcome_from_sacct("CANCELLED by 0", "0:15", None, ["CANCELLED"]) == ("cancelled", "slurm_cancelled")
+    assert outcome_from_sacct("CANCELLED by 0", "0:15", None, ["NODE_FAIL", "CANCELLED"])[0] == "node_fail"
+
+
+def test_time_limit_preemption_and_failures():
+    assert outcome_from_sacct("TIMEOUT", "0:0", None, ["CANCELLED"]) == ("timeout", "slurm_time_limit")
+    assert outcome_from_sacct("DEADLINE") == ("timeout", "slurm_deadline")
+    assert outcome_from_sacct("PREEMPTED", "0:15") == ("preempted", "slurm_preempted")
+    assert outcome_from_sacct("FAILED", "1:0") == ("crashed", "slurm_failed (exit code 1)")
+    assert outcome_from_sacct("FAILED", "0:9") == ("crashed", "slurm_failed (signal SIGKILL)")
+    assert outcome_from_sacct("COMPLETED", "0:0", "2:0") == ("crashed", "slurm_step_failed (exit code 2)")
+    assert outcome_from_sacct("COMPLETED", "0:0", None, ["FAILED", "COMPLETED"])[0] == "crashed"
+
+
+def test_sacct_spellings():
+    assert normalize_state("CANCELLED+") == "CANCELLED"  # sacct truncates long states with '+'
+    assert normalize_state(" cancelled by 1000 ") == "CANCELLED"
+    assert outcome_from_sacct("CANCELLED+")[0] == "cancelled"
+    assert parse_exit_code("0:125") == (0, 125) and parse_exit_code("") is None
+
+
+def test_malformed_exit_code_names_the_field():
+    with pytest.raises(ValueError, match="DerivedExitCode 'x:y'"):
+        outcome_from_sacct("COMPLETED", "0:0", "x:y")
