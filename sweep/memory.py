@@ -1,0 +1,295 @@
+"""Per-GPU memory of one training configuration, component by component, for the most loaded rank.
+
+The model follows what a training step puts on a GPU:
+- persistent state: weights, gradients (with the framework's fp32 accumulation), optimizer states,
+  each sharded as the ZeRO stage says;
+- the forward/backward transients: activations of the micro-batches in flight on the stage (by
+  recomputation mode, TP/SP and CP sharding, pipeline schedule) and the logits + loss path;
+- buffers: fixed workspaces, sequence-parallel gather buffers, and the optimizer-step transients
+  (ZeRO-1 all-gather) where they exceed the activation memory freed by then;
+- what the caching allocator holds beyond live tensors (fragmentation): a share of the transient
+  working set, because freed activation/logit blocks are re-split between differently sized requests
+  and interleaved with tensors that stay alive, plus a floor;
+- what lives outside the allocator: the CUDA context and NCCL communicator buffers.
+
+`allocated` = live tensors at the peak; `reserved` = allocated + fragmentation (what
+`torch.cuda.max_memory_reserved` reports); `total` = reserved + runtime overhead: what must fit.
+`step_allocated` is the peak of the optimizer-step window alone (what nanotron's benchmark table
+reports as "Mem Alloc": its `log_memory` resets the peak counters right after the forward/backward pass).
+
+One vectorised function computes every number; `estimate` calls it with one row, so the scalar and
+the column paths agree exactly. Pure: no I/O; imports numpy and sweep.model/layout only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Final, Mapping
+
+import numpy as np
+
+from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
+from sweep.memory_profiles import PROFILES, MemoryProfile, get_profile
+from sweep.model import ModelShape, count_parameters
+
+__all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
+           "stage_layer_counts", "stage_block_counts"]
+
+COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
+                     "fragmentation", "overhead")
+_INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
+_ACT_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    components: dict[str, int]
+    allocated_bytes: int
+    reserved_bytes: int
+    total_bytes: int
+    step_allocated_bytes: int = 0
+    stage: str = "first"  # which pipeline stage is the most loaded: "first" or "last"
+
+    def explain(self) -> str:
+        """A fixed-width table of the breakdown (for `sweep plan --explain`)."""
+        gib = float(1 << 30)
+        lines = [f"{'component':<16}{'GiB':>10}{'share':>8}", "-" * 34]
+        for name in COMPONENTS:
+            value = self.components[name]
+            share = value / self.total_bytes if self.total_bytes else 0.0
+            lines.append(f"{name:<16}{value / gib:>10.2f}{share:>7.1%}")
+        lines.append("-" * 34)
+        lines.append(f"{'allocated':<16}{self.allocated_bytes / gib:>10.2f}   live tensors at the peak")
+        lines.append(f"{'reserved':<16}{self.reserved_bytes / gib:>10.2f}   + allocator fragmentation")
+        lines.append(f"{'total':<16}{self.total_bytes / gib:>10.2f}   + CUDA context and NCCL")
+        lines.append(f"{'step peak':<16}{self.step_allocated_bytes / gib:>10.2f}   "
+                     "live tensors during the optimizer step")
+        lines.append(f"most loaded rank: {self.stage} pipeline stage")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- pipeline stages
+
+def _layer_cost(model: ModelShape) -> tuple[int, int]:
+    """nanotron's block costs (LlamaModel.get_block_compute_costs): decoder layer and LM head."""
+    h = model.hidden_size
+    layer = 4 * model.num_attention_heads * model.head_dim * h + 3 * model.ffn_hidden_size * h
+    return layer, model.vocab_size * h
+
+
+@functools.cache
+def _cost_split(model: ModelShape, pp: int) -> tuple[tuple[int, int], ...]:
+    """nanotron's balanced split: (decoder layers, all blocks) per stage.
+
+    Blocks in order: embedding, L decoder layers, final norm, LM head, cast-to-fp32, loss; a block goes
+    to the current stage, which closes once the cumulative cost reaches its share (cum >= total*(r+1)/pp,
+    the rule of the 2025 playbook runs: 1B at pp=2 puts 10 layers on stage 0).
+    """
+    layer, head = _layer_cost(model)
+    costs = [(0, False)] + [(layer, True)] * model.num_layers + [(0, False), (head, False),
+                                                                  (0, False), (0, False)]
+    total = layer * model.num_layers + head
+    layers = [0] * pp
+    blocks = [0] * pp
+    rank, cum = 0, 0
+    for cost, is_layer in costs:
+        cum += cost
+        layers[rank] += is_layer
+        blocks[rank] += 1
+        if rank < pp - 1 and cum * pp >= total * (rank + 1):
+            rank += 1
+    return tuple(zip(layers, blocks))
+
+
+def stage_layer_counts(model: ModelShape, pp: int, profile: str = "builtin") -> tuple[int, ...]:
+    """Decoder layers on each pipeline stage, as the profile's framework splits them."""
+    if get_profile(profile).stage_split == "cost":
+        return tuple(n for n, _ in _cost_split(model, pp))
+    base, extra = divmod(model.num_layers, pp)
+    return tuple(base + (1 if r < extra else 0) for r in range(pp))
+
+
+def stage_block_counts(model: ModelShape, pp: int, profile: str = "builtin") -> tuple[int, ...]:
+    """Pipeline blocks per stage; a stage with none cannot run (nanotron counts embedding, final norm,
+    LM head, cast and loss as blocks; the others count decoder layers plus embedding/head)."""
+    if get_profile(profile).stage_split == "cost":
+        return tuple(b for _, b in _cost_split(model, pp))
+    counts = list(stage_layer_counts(model, pp, profile))
+    return tuple(counts)
+
+
+def _first_last_layers(model: ModelShape, pp: np.ndarray, profile: MemoryProfile
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    values, inverse = np.unique(pp, return_inverse=True)
+    first = np.empty(len(values), dtype=np.float64)
+    last = np.empty(len(values), dtype=np.float64)
+    for i, p in enumerate(values):
+        counts = stage_layer_counts(model, int(p), profile.name)
+        first[i], last[i] = counts[0], counts[-1]
+    return first[inverse], last[inverse]
+
+
+# ---------------------------------------------------------------- the model
+
+def _check_columns(columns: Mapping[str, np.ndarray]) -> int:
+    missing = [c for c in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule") if c not in columns]
+    if missing:
+        raise ValueError(f"estimate_columns: missing columns {missing}")
+    n = len(np.asarray(columns["dp"]))
+    for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule"):
+        if len(np.asarray(columns[name])) != n:
+            raise ValueError(f"estimate_columns: column {name!r} has length "
+                             f"{len(np.asarray(columns[name]))}, expected {n}")
+    for name in ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "vpp"):
+        if n and np.min(np.asarray(columns[name])) < 1:
+            raise ValueError(f"estimate_columns: column {name!r} must be >= 1")
+    for name, allowed in (("recompute", RECOMPUTE_MODES), ("pp_schedule", PP_SCHEDULES)):
+        bad = set(np.unique(np.asarray(columns[name]).astype(str))) - set(allowed)
+        if bad:
+            raise ValueError(f"estimate_columns: column {name!r} has {sorted(bad)}; allowed: {allowed}")
+    return n
+
+
+def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int, dtype: str,
+             prof: MemoryProfile) -> dict[str, np.ndarray]:
+    if dtype not in _ACT_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    f64 = {k: np.asarray(columns[k], dtype=np.float64) for k in _INT_COLUMNS}
+    dp, tp, pp, cp, ep = f64["dp"], f64["tp"], f64["pp"], f64["cp"], f64["ep"]
+    mbs, ga, zero, vpp = f64["mbs"], f64["grad_acc"], f64["zero_stage"], f64["vpp"]
+    sp = np.asarray(columns["sp"], dtype=bool)
+    recompute = np.asarray(columns["recompute"]).astype(str)
+    schedule = np.asarray(columns["pp_schedule"]).astype(str)
+    a = float(_ACT_BYTES[dtype])
+    full_precision = dtype in ("fp32", "tf32")
+
+    pc = count_parameters(model)
+    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
+    vocab = float(model.vocab_size)
+    expert_per_layer = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
+    dense_per_layer = float(pc.per_layer) - expert_per_layer
+
+    # --- parameters held by one rank of the first and of the last stage
+    n_first, n_last = _first_last_layers(model, columns["pp"], prof)
+    head = vocab * h / tp
+    single = pp == 1
+    dense_first = n_first * dense_per_layer / tp + head + np.where(
+        single, h + (0.0 if model.tie_word_embeddings else 1.0) * head, 0.0)
+    dense_last = n_last * dense_per_layer / tp + head + h
+    expert_first = n_first * expert_per_layer / (tp * ep)
+    expert_last = n_last * expert_per_layer / (tp * ep)
+
+    # --- state bytes per parameter and ZeRO sharding
+    cp_shard = cp if prof.zero_shards_over_cp else 1.0
+    n_dense, n_expert = dp * ep * cp_shard, dp * cp_shard
+    replicas = dp * ep * cp
+    w_b = max(prof.weight_bytes, 4.0) if full_precision else prof.weight_bytes
+    g_b = np.where(replicas > 1, prof.grad_bytes, 0.0) if prof.grad_needs_dp else prof.grad_bytes
+    if full_precision and prof.grad_bytes:
+        g_b = np.where(g_b > 0, 4.0, 0.0)
+    g_b = g_b + prof.fp32_grad_bytes
+    m_b = 0.0 if full_precision else prof.master_bytes
+    o_b = m_b + prof.optimizer_bytes
+
+    def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
+        def sharded(bytes_pp, from_stage):
+            on = zero >= from_stage
+            return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
+        weights = sharded(w_b, 3)
+        grads = sharded(g_b, 2)
+        optim = sharded(o_b, 1)
+        gather = np.where((zero >= 1) & (n_dense > 1),
+                          prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
+        return weights, grads, optim, gather
+
+    # --- activations, per token of one micro-batch on one rank
+    tokens = mbs * seq_len / cp
+    sp_div = np.where(sp, tp, 1.0)
+    k = float(model.experts_per_token) if model.is_moe else 1.0
+    ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
+    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + 4 * k * ffn) / tp
+                       + (a * 2 * h * k / sp_div if model.is_moe else 0.0))
+    if not prof.flash_attention:
+        per_token_layer = per_token_layer + np.where(
+            recompute == "none", a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
+    full = recompute == "full"
+    stored_per_layer = np.where(full, a * h / sp_div, per_token_layer) * tokens
+    working_layer = np.where(full, per_token_layer * tokens, 0.0)  # one layer recomputed at a time
+    head_inputs = a * 2 * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
+
+    interleaved = schedule == "interleaved_1f1b"
+    gpipe = schedule == "gpipe"
+    first_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, pp + (pp - 1) / vpp),
+                                            np.minimum(ga, pp)))
+    last_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
+    first_mb = np.where(single, 1.0, first_mb)
+    act_first = stored_per_layer * n_first * first_mb + working_layer + np.where(single, head_inputs, 0.0)
+    act_last = stored_per_layer * n_last * last_mb + working_layer + head_inputs
+    logits = tokens * vocab / tp * prof.logits_bytes_per_element
+    logits_first = np.where(single, logits, 0.0)
+
+    # --- fixed buffers and runtime
+    buffers_fixed = prof.workspace_bytes + np.where(tp > 1, prof.tp_buffer_bytes_per_token_h * tokens * h, 0.0)
+    groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
+    overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
+
+    def stage_total(p_dense, p_expert, act, lg):
+        weights, grads, optim, gather = state(p_dense, p_expert)
+        fsdp = 0.0
+        if prof.fsdp_unsharded_layers:
+            layer_params = (dense_per_layer + expert_per_layer / ep) / tp
+            fsdp = np.where(zero == 2, 2.0 * (p_dense + p_expert),
+                            np.where(zero >= 3, 2.0 * prof.fsdp_unsharded_layers * layer_params, 0.0))
+        step_extra = np.maximum(gather - (act + lg), 0.0)
+        buffers = buffers_fixed + fsdp + step_extra
+        frag = prof.fragmentation * (act + lg) + prof.reserved_floor_bytes
+        comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
+                 "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
+        step = weights + grads + optim + buffers_fixed + fsdp + gather
+        return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
+
+    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first)
+    last, step_last = stage_total(dense_last, expert_last, act_last, logits)
+    total_first = sum(first.values())
+    total_last = sum(last.values())
+    use_last = (~single) & (total_last > total_first)
+    out = {f"mem_{name}_bytes": np.where(use_last, last[name], first[name]) for name in COMPONENTS}
+    allocated = sum(out[f"mem_{n}_bytes"] for n in COMPONENTS[:6])
+    out["mem_allocated_bytes"] = allocated
+    out["mem_reserved_bytes"] = allocated + out["mem_fragmentation_bytes"]
+    out["mem_total_bytes"] = out["mem_reserved_bytes"] + out["mem_overhead_bytes"]
+    out["mem_step_allocated_bytes"] = np.where(use_last, step_last, step_first)
+    out["mem_last_stage"] = use_last
+    return out
+
+
+def estimate_columns(model: ModelShape, columns: Mapping[str, np.ndarray], *, seq_len: int,
+                     dtype: str = "bf16", profile: str = "builtin") -> dict[str, np.ndarray]:
+    """Vectorised estimate: int64 arrays `mem_<component>_bytes`, `mem_allocated_bytes`,
+    `mem_reserved_bytes`, `mem_total_bytes` and `mem_step_allocated_bytes`, one value per row."""
+    prof = get_profile(profile)
+    _check_columns(columns)
+    out = _compute(model, columns, seq_len, dtype, prof)
+    out.pop("mem_last_stage")
+    return out
+
+
+def estimate(model: ModelShape, layout: Layout, *, seq_len: int, dtype: str = "bf16",
+             profile: str = "builtin") -> MemoryEstimate:
+    prof = get_profile(profile)
+    row = layout.to_dict()
+    columns = {name: np.asarray([row[name]]) for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule")}
+    columns["grad_acc"] = np.asarray([layout.grad_acc])
+    _check_columns(columns)
+    out = _compute(model, columns, seq_len, dtype, prof)
+    return MemoryEstimate(
+        components={name: int(out[f"mem_{name}_bytes"][0]) for name in COMPONENTS},
+        allocated_bytes=int(out["mem_allocated_bytes"][0]),
+        reserved_bytes=int(out["mem_reserved_bytes"][0]),
+        total_bytes=int(out["mem_total_bytes"][0]),
+        step_allocated_bytes=int(out["mem_step_allocated_bytes"][0]),
+        stage="last" if bool(out["mem_last_stage"][0]) else "first",
+    )

@@ -1,0 +1,260 @@
+"""The memory model: its mechanisms, its two code paths, and its accuracy against real runs.
+
+Reference data (../shared/refdata, never edited) is read through conftest's REFDATA path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sweep.catalog import get_model
+from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
+from sweep.memory import (COMPONENTS, PROFILES, MemoryEstimate, estimate, estimate_columns,
+                          stage_block_counts, stage_layer_counts)
+from sweep.model import ModelShape, count_parameters
+
+GiB = 1 << 30
+ONE_B = get_model("playbook-1b")
+EIGHT_B = get_model("playbook-8b")
+MOE = ModelShape(name="tiny-moe", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,
+                 ffn_hidden_size=2816, vocab_size=32000, tie_word_embeddings=False, num_experts=8,
+                 experts_per_token=2, moe_ffn_hidden_size=1408)
+
+
+def _columns(layouts: list[Layout]) -> dict[str, np.ndarray]:
+    rows = [layout.to_dict() for layout in layouts]
+    cols = {k: np.asarray([r[k] for r in rows]) for k in
+            ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")}
+    cols["sp"] = np.asarray([r["sp"] for r in rows], dtype=bool)
+    cols["recompute"] = np.asarray([r["recompute"] for r in rows], dtype=object)
+    cols["pp_schedule"] = np.asarray([r["pp_schedule"] for r in rows], dtype=object)
+    return cols
+
+
+# ------------------------------------------------------------------ the API
+
+def test_profiles_and_components_are_the_published_vocabulary():
+    assert set(PROFILES) == {"nanotron", "megatron", "torchtitan", "builtin"}
+    assert COMPONENTS[:3] == ("weights", "gradients", "optimizer")
+    assert {"activations", "logits", "fragmentation", "overhead"} <= set(COMPONENTS)
+
+
+def test_estimate_totals_are_the_sums_of_their_components():
+    est = estimate(EIGHT_B, Layout(dp=4, tp=2, pp=1, mbs=2, grad_acc=32, zero_stage=1, sp=True),
+                   seq_len=4096, profile="nanotron")
+    assert isinstance(est, MemoryEstimate)
+    c = est.components
+    assert set(c) == set(COMPONENTS) and all(isinstance(v, int) and v >= 0 for v in c.values())
+    assert est.allocated_bytes == sum(c[n] for n in ("weights", "gradients", "optimizer", "activations",
+                                                      "logits", "buffers"))
+    assert est.reserved_bytes == est.allocated_bytes + c["fragmentation"]
+    assert est.total_bytes == est.reserved_bytes + c["overhead"]
+    assert est.step_allocated_bytes <= est.allocated_bytes
+
+
+def test_explain_lists_every_component_and_the_totals():
+    est = estimate(ONE_B, Layout(dp=8, tp=1, pp=1, mbs=1, grad_acc=32), seq_len=4096, profile="nanotron")
+    text = est.explain()
+    for name in (*COMPONENTS, "allocated", "reserved", "total"):
+        assert name in text
+    assert f"{est.total_bytes / GiB:.2f}" in text
+
+
+def _grid() -> list[Layout]:
+    layouts = []
+    for tp, pp, cp, ep, zero, rc, sched, sp, mbs, ga in itertools.product(
+            (1, 2), (1, 2, 4), (1, 2), (1, 2), (0, 1, 2, 3), RECOMPUTE_MODES, PP_SCHEDULES,
+            (False, True), (1, 3), (1, 8)):
+        vpp = 2 if sched == "interleaved_1f1b" else 1
+        layouts.append(Layout(dp=2, tp=tp, pp=pp, cp=cp, ep=ep, mbs=mbs, grad_acc=ga, zero_stage=zero,
+                              recompute=rc, sp=sp, pp_schedule=sched, vpp=vpp))
+    return layouts
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+@pytest.mark.parametrize("model", [ONE_B, EIGHT_B, MOE], ids=lambda m: m.name)
+def test_columns_agree_exactly_with_the_scalar_estimate(profile, model):
+    layouts = _grid()[::7]  # a spread of every axis, kept small for speed
+    cols = estimate_columns(model, _columns(layouts), seq_len=4096, profile=profile)
+    expected_keys = {f"mem_{c}_bytes" for c in COMPONENTS} | {
+        "mem_allocated_bytes", "mem_reserved_bytes", "mem_total_bytes", "mem_step_allocated_bytes"}
+    assert set(cols) == expected_keys
+    assert all(v.dtype == np.int64 and len(v) == len(layouts) for v in cols.values())
+    for i, layout in enumerate(layouts):
+        est = estimate(model, layout, seq_len=4096, profile=profile)
+        for name in COMPONENTS:
+            assert cols[f"mem_{name}_bytes"][i] == est.components[name], (layout, name)
+        assert cols["mem_allocated_bytes"][i] == est.allocated_bytes
+        assert cols["mem_reserved_bytes"][i] == est.reserved_bytes
+        assert cols["mem_total_bytes"][i] == est.total_bytes
+        assert cols["mem_step_allocated_bytes"][i] == est.step_allocated_bytes
+
+
+def test_columns_are_fast_enough_for_the_planner():
+    layouts = _grid()
+    cols = _columns(layouts)
+    reps = max(1, 200_000 // len(layouts))
+    big = {k: np.tile(v, reps) for k, v in cols.items()}
+    n = len(big["dp"])
+    estimate_columns(EIGHT_B, big, seq_len=4096, profile="megatron")  # warm the split cache
+    start = time.perf_counter()
+    estimate_columns(EIGHT_B, big, seq_len=4096, profile="megatron")
+    rate = n / (time.perf_counter() - start)
+    assert rate > 400_000, f"{rate:.0f} rows/s"  # the planner's whole budget is 200,000/s
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"recompute": np.asarray(["sometimes"], dtype=object)}, "recompute"),
+    ({"pp_schedule": np.asarray(["zigzag"], dtype=object)}, "pp_schedule"),
+    ({"tp": np.asarray([0])}, "'tp' must be >= 1"),
+    ({"mbs": np.asarray([1, 2])}, "'mbs' has length 2"),
+])
+def test_bad_columns_are_rejected_with_the_column_named(bad, message):
+    cols = _columns([Layout(dp=1, tp=1, pp=1)])
+    cols.update(bad)
+    with pytest.raises(ValueError, match=message):
+        estimate_columns(ONE_B, cols, seq_len=4096)
+
+
+def test_unknown_profile_and_dtype_are_rejected():
+    with pytest.raises(ValueError, match="unknown memory profile 'deepspeed'.*nanotron"):
+        estimate(ONE_B, Layout(dp=1, tp=1, pp=1), seq_len=4096, profile="deepspeed")
+    with pytest.raises(ValueError, match="unknown dtype 'int4'"):
+        estimate(ONE_B, Layout(dp=1, tp=1, pp=1), seq_len=4096, dtype="int4")
+    cols = _columns([Layout(dp=1, tp=1, pp=1)])
+    del cols["vpp"]
+    with pytest.raises(ValueError, match="missing columns.*vpp"):
+        estimate_columns(ONE_B, cols, seq_len=4096)
+
+
+# ------------------------------------------------------------------ mechanisms: state
+
+def _state(model, layout, profile):
+    c = estimate(model, layout, seq_len=4096, profile=profile).components
+    return c["weights"], c["gradients"], c["optimizer"]
+
+
+def test_nanotron_keeps_bf16_weights_ddp_buckets_fp32_grads_and_adam_state():
+    p = count_parameters(ONE_B).total
+    w, g, o = _state(ONE_B, Layout(dp=8, tp=1, pp=1, grad_acc=32), "nanotron")
+    assert (w, g, o) == (2 * p, (2 + 4) * p, (4 + 8) * p)
+    # no DDP wrapper at dp=1: no bf16 buckets
+    assert _state(ONE_B, Layout(dp=1, tp=1, pp=1), "nanotron")[1] == 4 * p
+    # ZeRO-1 shards the fp32 master copy and the Adam moments over dp, nothing else
+    w1, g1, o1 = _state(ONE_B, Layout(dp=8, tp=1, pp=1, zero_stage=1), "nanotron")
+    assert (w1, g1) == (w, g) and o1 == pytest.approx(o / 8, abs=1)
+
+
+def test_megatron_distributed_optimizer_is_6_plus_12_over_dp_bytes_per_parameter():
+    layout = Layout(dp=16, tp=1, pp=1, zero_stage=1)
+    p = count_parameters(EIGHT_B).total
+    w, g, o = _state(EIGHT_B, layout, "megatron")
+    assert w + g == 6 * p and o == pytest.approx(12 * p / 16, abs=1)
+    w0, g0, o0 = _state(EIGHT_B, Layout(dp=16, tp=1, pp=1, zero_stage=0), "megatron")
+    assert w0 + g0 + o0 == 18 * p  # Megatron's theoretical memory without the distributed optimizer
+
+
+def test_megatron_distributed_optimizer_shards_over_cp_and_nanotron_does_not():
+    mega = _state(EIGHT_B, Layout(dp=4, tp=1, pp=1, cp=2, zero_stage=1), "megatron")[2]
+    mega_nocp = _state(EIGHT_B, Layout(dp=4, tp=1, pp=1, cp=1, zero_stage=1), "megatron")[2]
+    nano = _state(EIGHT_B, Layout(dp=4, tp=1, pp=1, cp=2, zero_stage=1), "nanotron")[2]
+    nano_nocp = _state(EIGHT_B, Layout(dp=4, tp=1, pp=1, cp=1, zero_stage=1), "nanotron")[2]
+    assert mega == pytest.approx(mega_nocp / 2, abs=1) and nano == nano_nocp
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_each_zero_stage_shards_one_more_kind_of_state(zero):
+    layout = Layout(dp=8, tp=1, pp=1, zero_stage=zero)
+    w, g, o = _state(EIGHT_B, layout, "torchtitan")
+    w0, g0, o0 = _state(EIGHT_B, Layout(dp=8, tp=1, pp=1, zero_stage=0), "torchtitan")
+    assert (o < o0) == (zero >= 1)
+    assert (g < g0) == (zero >= 2)
+    assert (w < w0) == (zero >= 3)
+
+
+def test_tp_and_ep_shard_the_parameters():
+    w1 = _state(MOE, Layout(dp=2, tp=1, pp=1), "megatron")[0]
+    w_tp = _state(MOE, Layout(dp=2, tp=2, pp=1), "megatron")[0]
+    w_ep = _state(MOE, Layout(dp=2, tp=1, pp=1, ep=4), "megatron")[0]
+    assert w_tp == pytest.approx(w1 / 2, rel=1e-3)
+    pc = count_parameters(MOE)
+    experts = MOE.num_layers * MOE.num_experts * 3 * MOE.hidden_size * MOE.moe_ffn_hidden_size
+    assert w1 - w_ep == pytest.approx(2 * experts * (1 - 1 / 4), rel=1e-9)
+    assert pc.total > experts
+
+
+# ------------------------------------------------------------------ mechanisms: activations
+
+def _act(layout, model=EIGHT_B, profile="megatron", seq=4096):
+    return estimate(model, layout, seq_len=seq, profile=profile).components["activations"]
+
+
+def test_recomputation_orders_activation_memory():
+    base = dict(dp=1, tp=1, pp=1, mbs=2)
+    none, sel, full = (_act(Layout(**base, recompute=r)) for r in ("none", "selective", "full"))
+    assert full < sel <= none
+    assert full < none / 5
+
+
+def test_sequence_parallelism_and_cp_shard_activations():
+    plain = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=False))
+    with_sp = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=True))
+    assert with_sp == pytest.approx(_act(Layout(dp=1, tp=1, pp=1, mbs=2)) / 4, rel=0.01)
+    assert with_sp < plain
+    cp2 = _act(Layout(dp=1, tp=1, pp=1, cp=2, mbs=2))
+    assert cp2 == pytest.approx(_act(Layout(dp=1, tp=1, pp=1, mbs=2)) / 2, rel=0.01)
+
+
+def test_activations_grow_linearly_with_the_micro_batch():
+    one, four = (_act(Layout(dp=1, tp=2, pp=1, mbs=m, sp=True)) for m in (1, 4))
+    assert four == pytest.approx(4 * one, rel=1e-6)
+
+
+# A small vocabulary keeps the first stage the most loaded one, so its activations are what we see.
+SMALL_VOCAB = replace(EIGHT_B, name="8b-small-vocab", vocab_size=1024)
+
+
+def test_first_stage_holds_pp_micro_batches_under_1f1b_capped_by_grad_acc():
+    per_mb = _act(Layout(dp=1, tp=1, pp=4, grad_acc=2), SMALL_VOCAB) / 2
+    assert _act(Layout(dp=1, tp=1, pp=4, grad_acc=3), SMALL_VOCAB) == pytest.approx(3 * per_mb, rel=1e-6)
+    assert _act(Layout(dp=1, tp=1, pp=4, grad_acc=64), SMALL_VOCAB) == pytest.approx(4 * per_mb, rel=1e-6)
+    gpipe = _act(Layout(dp=1, tp=1, pp=4, grad_acc=16, pp_schedule="gpipe"), SMALL_VOCAB)
+    # GPipe: every stage holds all grad_acc micro-batches (the last one also its LM head's inputs)
+    assert 16 * per_mb <= gpipe <= 1.01 * 16 * per_mb
+
+
+def test_interleaved_schedule_follows_megatrons_memory_penalty():
+    pp, vpp = 4, 2
+    per_mb = _act(Layout(dp=1, tp=1, pp=pp, grad_acc=2), SMALL_VOCAB) / 2
+    inter = _act(Layout(dp=1, tp=1, pp=pp, grad_acc=64, pp_schedule="interleaved_1f1b", vpp=vpp),
+                 SMALL_VOCAB)
+    # Megatron: L/pp layers x pp micro-batches x (1 + (pp-1)/(pp*vpp))
+    assert inter == pytest.approx(per_mb * pp * (1 + (pp - 1) / (pp * vpp)), rel=1e-6)
+
+
+def test_logits_are_fp32_over_vocab_shard_and_only_where_the_head_is():
+    one = estimate(EIGHT_B, Layout(dp=1, tp=2, pp=1, mbs=1), seq_len=4096, profile="nanotron")
+    assert one.components["logits"] == 4096 * EIGHT_B.vocab_size // 2 * 10  # bf16 + fp32 + fp32 softmax
+    first = estimate(EIGHT_B, Layout(dp=1, tp=2, pp=8, mbs=1, grad_acc=8), seq_len=4096, profile="nanotron")
+    assert first.stage == "first" and first.components["logits"] == 0
+
+
+# ------------------------------------------------------------------ pipeline split
+
+def test_nanotron_balances_stages_by_cost_with_the_lm_head_as_a_block():
+    assert stage_layer_counts(EIGHT_B, 2, "nanotron")[0] == 18  # "Local Params" 4.92G in the playbook
+    assert stage_layer_counts(EIGHT_B, 32, "nanotron")[0] == 2  # 1.02G
+    assert stage_layer_counts(ONE_B, 2, "nanotron") == (10, 6)  # 940M: the head costs 4 layers
+    assert sum(stage_layer_counts(EIGHT_B, 8, "nanotron")) == EIGHT_B.num_layers
+    assert min(stage_block_counts(ONE_B, 32, "nanotron")) == 0  # 16 layers cannot fill 32 stages
+    assert min(stage_block_counts(EIGHT_B, 32, "nanotron")) >= 1
+
+
+def test_other_frameworks_split_layers_evenly():
+    assert stage_layer_counts(EIGHT_B, 4, "megatron") == (8, 8, 8, 8)
+    assert stage_layer_counts(ONE_B, 3, "torchtitan") == (6, 5, 5)
