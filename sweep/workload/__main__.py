@@ -1,0 +1,96 @@
+"""`python -m sweep.workload --run-dir DIR [--attempt-dir DIR] [--memtrack]`, standalone or under torchrun.
+
+Exit: results are written before tear-down, then the process leaves with os._exit so that no
+C++ thread can abort it during interpreter finalisation (../shared/notes/torch-cpu.md §9e).
+Any failure prints the exception and exits non-zero: 2 for a run.json the workload cannot run,
+1 for everything else. An out-of-memory error also prints one line the watchdog recognises:
+`sweep.workload: rank <r>: CPU out of memory: <allocator message>` (`CUDA out of memory` on GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import psutil
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sweep.workload", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory holding run.json")
+    parser.add_argument("--attempt-dir", type=Path, default=None,
+                        help="where metrics.jsonl goes (default: $SWEEP_ATTEMPT_DIR, else the run dir)")
+    parser.add_argument("--memtrack", action="store_true",
+                        help="after the timed steps, run one more under MemTracker and write memtrack.json")
+    return parser.parse_args(argv)
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    attempt_dir = args.attempt_dir or Path(os.environ.get("SWEEP_ATTEMPT_DIR") or args.run_dir)
+    from sweep import runconfig
+
+    run_file = args.run_dir / "run.json"
+    if not run_file.is_file():
+        print(f"sweep.workload: {run_file} not found; --run-dir must be a run directory "
+              f"(written by `sweep render`)", file=sys.stderr)
+        return 2
+    try:
+        cfg = runconfig.load(run_file)
+    except (ValueError, KeyError, TypeError) as error:
+        print(f"sweep.workload: {run_file}: {error}", file=sys.stderr)
+        return 2
+
+    import torch.distributed as dist
+
+    from sweep.workload.train import WorkloadError, device_for, init_distributed, train
+
+    try:
+        device = device_for(cfg)
+        init_distributed(device, timeout_s=float(cfg.settings.get("hang_timeout_s", 300)))
+        result = train(cfg, attempt_dir, memtrack=args.memtrack)
+    except WorkloadError as error:
+        print(f"sweep.workload: rank {_rank()}: {error}", file=sys.stderr)
+        return 2
+    if dist.get_rank() == 0:
+        started = psutil.Process().create_time()
+        share = 100.0 * result.metrics_write_s / result.loop_s if result.loop_s else 0.0
+        print(f"sweep.workload: done run_id={cfg.run_id} steps={len(result.losses)} "
+              f"startup_s={result.loop_started_at - started:.3f} loop_s={result.loop_s:.3f} "
+              f"metrics_write_s={result.metrics_write_s:.6f} metrics_share_pct={share:.4f} "
+              f"final_loss={result.losses[-1] if result.losses else float('nan'):.6f} "
+              f"attempt_dir={attempt_dir}", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+def _report_failure(error: BaseException) -> None:
+    from sweep.workload.memory_tracking import oom_message
+
+    traceback.print_exc()
+    oom = oom_message(error)
+    if oom is not None:
+        kind = "CUDA out of memory" if "CUDA" in oom else "CPU out of memory"
+        print(f"sweep.workload: rank {_rank()}: {kind}: {oom}", file=sys.stderr)
+    print(f"sweep.workload: rank {_rank()} failed: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    code = 1
+    try:
+        code = main()
+    except SystemExit as exit_:  # argparse: usage error, already printed
+        code = exit_.code if isinstance(exit_.code, int) else 2
+    except BaseException as error:  # noqa: BLE001 - every failure must print and exit non-zero
+        _report_failure(error)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,107 @@
+"""metrics.jsonl records (the contract in DESIGN.md / contracts): pure builders and the writer.
+
+FLOPs per token come from `sweep.flops` (one formula for the planner, the workload and collect).
+The steady-state policy skips the warm-up steps and reports mean, sample std (ddof=1) and n of
+the remaining step times. Nothing is rounded.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweep.flops import DEFAULT_CONVENTION, flops_per_token_all, mfu
+from sweep.model import ModelShape
+from sweep.state import append_jsonl
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What every record of a run shares."""
+
+    shape: ModelShape
+    seq_len: int
+    tokens_per_step: int  # global
+    world_size: int
+    peak_flops: float  # dense peak of one device (one rank)
+    peak_flops_source: str
+    mem_source: str
+
+
+def _throughput(facts: RunFacts, step_time_s: float) -> dict[str, Any]:
+    flops = flops_per_token_all(facts.shape, facts.seq_len)
+    tokens_per_sec = facts.tokens_per_step / step_time_s
+    per_gpu = tokens_per_sec / facts.world_size
+    utilisation = {name: mfu(per_gpu, value, facts.peak_flops) for name, value in flops.items()}
+    return {"tokens_per_sec": tokens_per_sec, "tokens_per_sec_per_gpu": per_gpu,
+            "flops_per_token": flops, "mfu": utilisation,
+            "mfu_pct": 100.0 * utilisation[DEFAULT_CONVENTION],
+            "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source}
+
+
+def step_record(facts: RunFacts, step: int, step_time_s: float, loss: float,
+                mem_per_rank: list[tuple[int, int]], now: float | None = None) -> dict[str, Any]:
+    """One step; mem_per_rank[r] = (allocated, reserved) bytes of rank r."""
+    return {"kind": "step", "step": step, "time": time.time() if now is None else now,
+            "step_time_s": step_time_s, "tokens": facts.tokens_per_step, "loss": loss,
+            **_throughput(facts, step_time_s),
+            "mem_allocated_bytes": max(a for a, _ in mem_per_rank),
+            "mem_reserved_bytes": max(r for _, r in mem_per_rank),
+            "mem_source": facts.mem_source,
+            "mem_per_rank": [{"rank": rank, "allocated_bytes": a, "reserved_bytes": r}
+                             for rank, (a, r) in enumerate(mem_per_rank)]}
+
+
+def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: int, *,
+                   ended_by: str, device: str, torch_version: str) -> dict[str, Any]:
+    """The steady-state summary of the step records `steps` (in order)."""
+    skipped = min(warmup_steps, len(steps))
+    steady = [s["step_time_s"] for s in steps[skipped:]]
+    mean = statistics.fmean(steady) if steady else math.nan
+    std = statistics.stdev(steady) if len(steady) > 1 else math.nan
+    throughput = _throughput(facts, mean) if steady else {}
+    if steps:
+        first, last = steps[skipped]["step"] if steady else None, steps[-1]["step"]
+        policy = (f"skip first {skipped} steps; mean/std (ddof=1) over steps {first}..{last}"
+                  if steady else f"skip first {skipped} steps; no steady-state steps left")
+    else:
+        policy = "no steps ran"
+    record: dict[str, Any] = {
+        "kind": "summary", "steps": len(steps), "warmup_steps_skipped": skipped,
+        "step_time_mean_s": _finite(mean), "step_time_std_s": _finite(std), "step_time_n": len(steady),
+        "tokens_per_sec": throughput.get("tokens_per_sec"),
+        "tokens_per_sec_per_gpu": throughput.get("tokens_per_sec_per_gpu"),
+        "flops_per_token": flops_per_token_all(facts.shape, facts.seq_len),
+        "mfu": throughput.get("mfu"), "mfu_pct": throughput.get("mfu_pct"),
+        "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source,
+        "mem_allocated_bytes": max((s["mem_allocated_bytes"] for s in steps), default=None),
+        "mem_reserved_bytes": max((s["mem_reserved_bytes"] for s in steps), default=None),
+        "mem_source": facts.mem_source, "ended_by": ended_by,
+        "final_loss": steps[-1]["loss"] if steps else None,
+        "device": device, "world_size": facts.world_size, "torch_version": torch_version,
+        "steady_state_policy": policy,
+    }
+    return record
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN: an undefined statistic (n < 2 for std) is null."""
+    return None if math.isnan(value) else value
+
+
+class MetricsWriter:
+    """Appends records to metrics.jsonl, one flushed (fsynced) line each, and times itself."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.seconds = 0.0
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        start = time.perf_counter()
+        append_jsonl(self.path, record)
+        self.seconds += time.perf_counter() - start

@@ -1,0 +1,276 @@
+"""The training loop: build the layout, run the steps, write metrics.jsonl on rank 0.
+
+One code path for CPU (gloo) and CUDA (NCCL). Works standalone (one process, no torchrun) and
+under torchrun (env://). `train` expects the process group to be up (see `init_distributed`), so
+that tests can run several layouts in one process group.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from sweep.runconfig import RunConfig
+from sweep.state import METRICS_FILE, atomic_write_json
+from sweep.workload import metrics
+from sweep.workload.data import Batch, global_batch, local_slice
+from sweep.workload.memory_tracking import MemoryProbe, tracked_peak
+from sweep.workload.model import Transformer, cross_entropy, init_weights
+from sweep.workload.parallel import (
+    DataParallel,
+    apply_context_parallel,
+    apply_recompute,
+    apply_tensor_parallel,
+    build_mesh,
+    build_optimizer,
+)
+from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak
+from sweep.workload.pipeline import build_schedule, pipeline_problems, split_stage, stage_indices
+
+MEMTRACK_FILE = "memtrack.json"
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SUPPORTED_DTYPES = ("fp32", "tf32", "bf16", "fp16")
+
+
+class WorkloadError(ValueError):
+    """The run.json asks for something the workload cannot do; the message names field and fix."""
+
+
+@dataclass
+class TrainResult:
+    losses: list[float] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    memtrack: list[dict[str, int]] | None = None  # per rank: peak bytes by category
+    metrics_write_s: float = 0.0
+    loop_started_at: float = 0.0  # unix time the first step began (start-up ends here)
+    loop_s: float = 0.0  # wall time of the timed steps
+
+
+def device_for(cfg: RunConfig) -> torch.device:
+    if cfg.gpu.lower() == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise WorkloadError(f"run.json gpu: {cfg.gpu!r} needs CUDA, but torch.cuda.is_available() is "
+                            f"False (torch {torch.__version__}); use gpu 'cpu' to run on CPU")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init_distributed(device: torch.device, timeout_s: float) -> None:
+    """env:// under torchrun; a private one-rank store when started as a plain process."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=timeout_s)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+
+
+def config_problems(cfg: RunConfig, world_size: int) -> list[str]:
+    """Why this rank cannot run `cfg`, as `field: fix` sentences (empty when it can)."""
+    layout, shape = cfg.layout, cfg.model
+    problems = []
+    if layout.world_size != world_size:
+        problems.append(f"layout: needs {layout.world_size} ranks ({layout.label()}) but WORLD_SIZE is "
+                        f"{world_size}; launch with torchrun --nproc-per-node {layout.world_size}")
+    if layout.ep != 1:
+        problems.append(f"layout.ep: {layout.ep}; the built-in workload has no expert parallelism (use 1)")
+    if cfg.global_batch_sequences != layout.sequences_per_step:
+        problems.append(f"global_batch_sequences: {cfg.global_batch_sequences} != dp·mbs·grad_acc = "
+                        f"{layout.sequences_per_step}; fix the layout or the batch")
+    if cfg.dtype not in SUPPORTED_DTYPES:
+        problems.append(f"dtype: {cfg.dtype!r} is not supported by the built-in workload; "
+                        f"use one of {', '.join(SUPPORTED_DTYPES)}")
+    if shape.num_kv_heads % layout.tp:
+        problems.append(f"layout.tp: {layout.tp} must divide num_kv_heads ({shape.num_kv_heads})")
+    if shape.ffn_hidden_size % layout.tp or shape.vocab_size % layout.tp:
+        problems.append(f"layout.tp: {layout.tp} must divide ffn_hidden_size and vocab_size")
+    if layout.sp and layout.tp == 1:
+        problems.append("layout.sp: sequence parallelism needs tp > 1; set sp false")
+    if cfg.seq_len % (layout.cp * (layout.tp if layout.sp else 1)):
+        problems.append(f"seq_len: {cfg.seq_len} must be divisible by cp (×tp with sp)")
+    if layout.zero_stage not in (0, 1, 2, 3):
+        problems.append(f"layout.zero_stage: {layout.zero_stage}; use 0, 1, 2 or 3")
+    if layout.pp == 1 and layout.vpp != 1:
+        problems.append("layout.vpp: virtual stages need pp > 1; set vpp 1")
+    problems += pipeline_problems(layout, shape.num_layers, shape.tie_word_embeddings)
+    return problems
+
+
+class Trainer:
+    """The model chunks of this rank, their wrappers, the optimizer and (with PP) the schedule."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device) -> None:
+        self.cfg, self.layout, self.device = cfg, cfg.layout, device
+        self.seed = int(cfg.settings.get("seed", 1234))
+        self.mesh = build_mesh(self.layout, device.type)
+        self.autocast = AUTOCAST.get(cfg.dtype)
+        if device.type == "cuda" and cfg.dtype == "tf32":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        full = Transformer(cfg.model)
+        init_weights(full, self.seed)
+        pp_rank = self.mesh.rank("pp")
+        self.stages = stage_indices(self.layout, pp_rank) if self.layout.pp > 1 else [0]
+        chunks = ([split_stage(full, s, self.layout.pp * self.layout.vpp) for s in self.stages]
+                  if self.layout.pp > 1 else [full])
+        self.wrappers = [self._wrap(chunk) for chunk in chunks]
+        self.modules = [w.module for w in self.wrappers]
+        self.optimizer = build_optimizer(self.modules, self.layout.zero_stage, self.mesh.dp_cp)
+        self.schedule = None
+        if self.layout.pp > 1:
+            self.schedule = build_schedule(self.modules, self.stages, self.layout, self.mesh.mesh["pp"],
+                                           device, cross_entropy)
+        num_stages = self.layout.pp * self.layout.vpp
+        self.has_first = 0 in self.stages
+        self.has_last = (num_stages - 1) in self.stages
+        # Exactly one rank per (dp, cp) replica reports the loss: a last-stage rank with tp rank 0.
+        self.reports_loss = self.has_last and self.mesh.rank("tp") == 0
+
+    def _wrap(self, chunk: Transformer) -> DataParallel:
+        chunk.to(self.device)
+        if self.layout.tp > 1:
+            apply_tensor_parallel(chunk, self.mesh.mesh["tp"], self.layout.sp)
+        if self.layout.cp > 1:
+            apply_context_parallel(chunk, self.mesh.mesh["cp"])
+        apply_recompute(chunk, self.layout.recompute)
+        return DataParallel(chunk, self.layout.zero_stage, self.mesh.dp_cp, self.layout.tp > 1, self.device)
+
+    def _autocast(self) -> Any:
+        return torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None)
+
+    def _micro(self, batch: Batch, micro: int) -> Batch:
+        part = local_slice(batch, dp_rank=self.mesh.rank("dp"), dp=self.layout.dp, micro=micro,
+                           grad_acc=self.layout.grad_acc, cp_rank=self.mesh.rank("cp"), cp=self.layout.cp)
+        return Batch(part.inputs.to(self.device), part.labels.to(self.device))
+
+    def step(self, step: int) -> torch.Tensor:
+        """One optimizer step; returns this rank's mean loss (0 where it computes none)."""
+        batch = global_batch(self.seed, step, self.cfg.global_batch_sequences, self.cfg.seq_len,
+                             self.cfg.model.vocab_size)
+        if self.schedule is not None:
+            loss = self._pipeline_step(batch)
+        else:
+            loss = self._plain_step(batch)
+        for wrapper in self.wrappers:
+            wrapper.finish_gradients()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def _plain_step(self, batch: Batch) -> torch.Tensor:
+        grad_acc = self.layout.grad_acc
+        wrapper = self.wrappers[0]
+        total = torch.zeros((), device=self.device)
+        for micro in range(grad_acc):
+            part = self._micro(batch, micro)
+            with wrapper.accumulate(sync=micro == grad_acc - 1):
+                with self._autocast():
+                    loss = cross_entropy(wrapper.module(part.inputs), part.labels)
+                (loss / grad_acc).backward()
+            total += loss.detach().float()
+        return total / grad_acc
+
+    def _pipeline_step(self, batch: Batch) -> torch.Tensor:
+        parts = [self._micro(batch, m) for m in range(self.layout.grad_acc)]
+        inputs = torch.cat([p.inputs for p in parts])
+        labels = torch.cat([p.labels for p in parts])
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": labels, "losses": losses} if self.has_last else {}
+        with self._autocast():
+            self.schedule.step(*args, **kwargs)  # type: ignore[union-attr]
+        if not losses:
+            return torch.zeros((), device=self.device)
+        return torch.stack([loss.detach().float() for loss in losses]).mean()
+
+
+def _dense_peak(cfg: RunConfig, device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return catalog_peak(cfg.gpu, cfg.dtype)
+    dist.barrier()
+    value, source = measure_cpu_matmul_peak(cfg.dtype)
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total.item()) / dist.get_world_size(), source
+
+
+def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> TrainResult:
+    """Run `cfg` on this rank of an initialised process group; rank 0 writes metrics.jsonl."""
+    device = device_for(cfg)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    problems = config_problems(cfg, world)
+    if problems:
+        raise WorkloadError("run.json: " + "; ".join(problems))
+    if memtrack and cfg.layout.pp > 1:
+        raise WorkloadError("--memtrack: MemTracker cannot measure pipeline-parallel runs (pp > 1)")
+    if device.type == "cpu":
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    probe = MemoryProbe(device)
+    probe.cap(cfg.settings.get("rank_memory_limit_mb"))
+    trainer = Trainer(cfg, device)
+    peak, peak_source = _dense_peak(cfg, device)
+    facts = metrics.RunFacts(shape=cfg.model, seq_len=cfg.seq_len,
+                             tokens_per_step=cfg.global_batch_sequences * cfg.seq_len,
+                             world_size=world, peak_flops=peak, peak_flops_source=peak_source,
+                             mem_source=probe.source)
+    writer = metrics.MetricsWriter(attempt_dir / METRICS_FILE) if rank == 0 else None
+    result = TrainResult()
+    steps = int(cfg.settings.get("steps", 10))
+    dist.barrier()
+    result.loop_started_at, loop_start = time.time(), time.perf_counter()
+    for step in range(1, steps + 1):
+        start = _now(device)
+        loss = trainer.step(step)
+        stats = torch.zeros(2 + 2 * world, dtype=torch.float64, device=device)
+        if trainer.reports_loss:
+            stats[0], stats[1] = loss.double(), 1.0
+        sample = probe.sample()
+        stats[2 + 2 * rank], stats[3 + 2 * rank] = sample.allocated_bytes, sample.reserved_bytes
+        dist.all_reduce(stats)  # also the step's end: every rank has finished it
+        values = stats.tolist()
+        step_time = _now(device) - start
+        mean_loss = values[0] / values[1]
+        per_rank = [(int(values[2 + 2 * r]), int(values[3 + 2 * r])) for r in range(world)]
+        result.losses.append(mean_loss)
+        if writer is not None:
+            record = metrics.step_record(facts, step, step_time, mean_loss, per_rank)
+            writer.write(record)
+            result.records.append(record)
+    result.loop_s = time.perf_counter() - loop_start
+    if writer is not None:
+        summary = metrics.summary_record(
+            facts, result.records, int(cfg.settings.get("warmup_steps", 0)), ended_by="step_budget",
+            device=device.type, torch_version=torch.__version__)
+        writer.write(summary)
+        result.records.append(summary)
+        result.metrics_write_s = writer.seconds
+    if memtrack:
+        result.memtrack = _memtrack(trainer, steps + 1, attempt_dir, rank)
+    return result
+
+
+def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list[dict[str, int]]:
+    """One extra, untimed step under MemTracker; rank 0 writes every rank's peak to memtrack.json."""
+    peak = tracked_peak(lambda: trainer.step(step), trainer.modules, trainer.optimizer)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, peak)
+    if rank == 0:
+        atomic_write_json(attempt_dir / MEMTRACK_FILE, {"step": step, "peak_bytes_per_rank": gathered})
+    return gathered
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
