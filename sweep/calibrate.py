@@ -1,0 +1,139 @@
+"""Fit the throughput model's coefficients to measured step times.
+
+The model is linear in its coefficients (`sweep.throughput`). The fit minimises a robust loss
+of the log error, so over- and under-prediction weigh the same and a few runs that a sick node
+slowed down tenfold do not pull every coefficient; coefficients stay positive.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from sweep.throughput import FEATURES, Coefficients, Workload, features, predict
+
+MIN_ROWS = 3
+INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+
+@dataclass(frozen=True)
+class Fit:
+    coefficients: Coefficients
+    rows: int
+    median_abs_error: float  # of tokens/s/GPU, as a fraction, on the rows fitted
+    p90_abs_error: float
+
+
+def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
+    """Lawson–Hanson non-negative least squares: argmin ‖a·x − b‖, x ≥ 0."""
+    n = a.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, dtype=bool)
+    w = a.T @ (b - a @ x)
+    tol = 1e-10 * max(1.0, float(np.abs(a).max(initial=0.0)))
+    for _ in range(max_iter):
+        if passive.all() or (w[~passive] <= tol).all():
+            break
+        j = int(np.argmax(np.where(passive, -np.inf, w)))
+        passive[j] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol
+            x[~passive] = 0.0
+        w = a.T @ (b - a @ x)
+    return x
+
+
+def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = Coefficients(),
+               fixed: tuple[str, ...] = (), iterations: int = 3000, delta: float = 0.05,
+               ridge: float = 1e-4, inter_scaling: float = 0.0) -> Coefficients:
+    """Coefficients for a feature matrix and measured step times (seconds).
+
+    Minimises the mean pseudo-Huber loss of log(predicted / measured) over θ = prior · exp(φ),
+    by Adam on φ: the loss is symmetric in over- and under-prediction, robust to the runs that a
+    sick node or a congested fabric slowed down tenfold, and θ stays positive (every term is a
+    time). `fixed` features keep their prior. A weak ridge on φ keeps a term the data cannot see
+    (say, no PP runs) at its physical prior instead of letting it drift.
+    """
+    if len(step_time) < MIN_ROWS:
+        raise ValueError(f"calibration needs at least {MIN_ROWS} completed runs, got {len(step_time)}")
+    if not np.all(np.isfinite(step_time)) or np.any(step_time <= 0):
+        raise ValueError("calibration: step times must be positive and finite")
+    prior_v = prior.vector()
+    if np.any(prior_v <= 0):
+        raise ValueError("calibration: prior coefficients must be positive")
+    free = np.array([name not in fixed for name in FEATURES], dtype=float)
+    x = feats * prior_v  # θ_k = prior_k · exp(φ_k)
+    log_t = np.log(step_time)
+    phi = np.zeros(len(FEATURES))
+    # Start from the best common scale of the prior, so Adam begins near the data.
+    phi += free * float(np.median(log_t - np.log(np.maximum(x.sum(axis=1), 1e-12))))
+    m = np.zeros_like(phi)
+    v = np.zeros_like(phi)
+    rate, beta1, beta2 = 0.05, 0.9, 0.999
+    for step in range(1, iterations + 1):
+        scaled = x * np.exp(phi)
+        predicted = np.maximum(scaled.sum(axis=1), 1e-12)
+        r = np.log(predicted) - log_t
+        psi = r / np.sqrt(r * r + delta * delta)  # derivative of the pseudo-Huber loss
+        grad = (psi[:, None] * scaled / predicted[:, None]).mean(axis=0) + 2 * ridge * phi
+        grad *= free
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * grad * grad
+        phi -= rate * (m / (1 - beta1**step)) / (np.sqrt(v / (1 - beta2**step)) + 1e-12)
+        phi = np.clip(phi, -20.0, 20.0)
+    return Coefficients.from_vector(prior_v * np.exp(phi), inter_scaling)
+
+
+def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: str) -> np.ndarray:
+    """Seconds per optimizer step implied by a measured tokens/s/GPU."""
+    from sweep.throughput import world_size
+
+    tokens = (frame["dp"] * frame.get("ep", 1) * frame["mbs"] * frame["grad_acc"]).to_numpy(float)
+    return tokens * seq_len / (frame[tokens_per_s_per_gpu].to_numpy(float) * world_size(frame))
+
+
+def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s_per_gpu",
+        prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = (),
+        inter_scaling: tuple[float, ...] = INTER_SCALING_GRID) -> Fit:
+    """Fit one set of coefficients to completed runs of several (model, hardware) groups.
+
+    The linear coefficients come from `fit_matrix`; the one non-linear coefficient
+    (inter_scaling) is chosen from a grid by the median error.
+    """
+    groups = [(f, w) for f, w in groups if len(f)]
+    if not groups:
+        raise ValueError("calibration needs completed runs; none were given")
+    times = np.concatenate([observed_step_time(f, w.seq_len, column) for f, w in groups])
+    best: Fit | None = None
+    for gamma in inter_scaling:
+        mats = np.vstack([features(f, w, gamma).to_numpy() for f, w in groups])
+        coeffs = fit_matrix(mats, times, prior, fixed, inter_scaling=gamma)
+        errors = np.abs(times / (mats @ coeffs.vector()) - 1.0)  # of tokens/s/GPU
+        candidate = Fit(coeffs, len(errors), float(np.median(errors)),
+                        float(np.quantile(errors, 0.9)))
+        if best is None or candidate.median_abs_error < best.median_abs_error:
+            best = candidate
+    assert best is not None
+    return best
+
+
+def relative_errors(frame: pd.DataFrame, work: Workload, coeffs: Coefficients,
+                    column: str = "tokens_per_s_per_gpu") -> np.ndarray:
+    """predicted / measured − 1 of tokens/s/GPU, per row."""
+    predicted = predict(frame, work, coeffs)["pred_tokens_per_s_per_gpu"].to_numpy()
+    return predicted / frame[column].to_numpy(float) - 1.0
+
+
+__all__ = ["Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]

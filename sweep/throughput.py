@@ -1,0 +1,305 @@
+"""A mechanistic step-time model, vectorised over plan rows.
+
+The step time is a sum of physical terms, each a *feature* measured in seconds (or a count) from
+the layout, the model shape and the catalog's link bandwidths, times one coefficient:
+
+    T = Σ_k θ_k · f_k
+
+- ``compute``      (m + pp − 1) · W_mb / peak. W_mb is the FLOPs of the busiest pipeline stage for
+                   one micro-batch on one GPU (stage split balanced like nanotron's, LM head on the
+                   last stage; recomputation adds forward FLOPs). θ = 1 / GEMM efficiency.
+                   m = grad_acc, so (m + pp − 1) carries the 1F1B bubble (pp − 1)/(m + pp − 1).
+- ``layer_passes`` (m + pp − 1) · layers_per_stage: a fixed cost per layer and micro-batch (kernel
+                   launches, non-GEMM work). It makes the efficiency rise with the micro-batch and
+                   fall with the TP shard. θ = seconds per layer pass.
+- ``layer_comm``   (m + pp − 1) · layers_per_stage · bytes/bandwidth of the per-layer collectives
+                   on the critical path: TP (8 all-gather/reduce-scatter with SP, 4 all-reduce
+                   without), CP ring exchange of K/V, EP all-to-all. θ = exposed fraction.
+                   ``layer_comm_inter``: the same for groups that span nodes.
+- ``dp_comm``      gradient synchronisation per step: all-reduce (ZeRO-0), reduce-scatter +
+                   all-gather (ZeRO-1/2), plus per-micro-batch gathers (ZeRO-3). θ = exposed part.
+                   ``dp_comm_inter``: the same for DP groups that span nodes.
+- ``pp_comm``      (m + pp − 1) · 2 point-to-point activation transfers. θ = exposed fraction.
+- ``latency``      latency steps (1 + log2 n per collective; DP per 25 MB bucket; one per p2p
+                   message) inside a node: θ = α, seconds per step. ``latency_inter``: across
+                   nodes, times the congestion factor. ``p2p_inter``: pipeline messages across
+                   nodes, times the congestion factor.
+- ``slot_sync``    (m + pp − 1) · (nodes − 1): a per-micro-batch cost that grows with the job.
+- ``optimizer``    parameters updated per GPU (after ZeRO sharding): θ = seconds per parameter.
+- ``step_overhead`` 1: θ = fixed seconds per step.
+
+Bandwidth of a group: inside one node, the catalog's NVLink figure; across nodes, the per-GPU
+network link times the group's ranks on one node (hierarchical collectives use every rail), capped
+by NVLink, and divided by (nodes spanned)^inter_scaling: large fabrics deliver less per GPU. The
+same congestion factor, nodes^inter_scaling, multiplies inter-node latency. Rank order is tp
+(innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
+
+Pure: no I/O. Coefficients are fitted by `sweep.calibrate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from sweep.flops import DEFAULT_CONVENTION, flops_per_token
+from sweep.hardware import GpuSpec
+from sweep.model import ModelShape, count_parameters
+
+FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
+                   "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
+                   "slot_sync", "optimizer", "step_overhead")
+LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
+# Bytes of one gradient element in the data-parallel reduction, per framework's default
+# (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
+# FSDP2 mixed precision reduces in fp32).
+GRAD_REDUCE_BYTES: Final = {"nanotron": 4, "megatron": 2, "torchtitan": 4, "builtin": 4}
+DTYPE_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 1, "tf32": 4, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """One coefficient per feature. The defaults are physical priors, not fits."""
+
+    compute: float = 1 / 0.6          # 60 % of the dense peak in large GEMMs
+    layer_passes: float = 1.0e-4      # 100 µs per layer and micro-batch (fwd + bwd)
+    layer_comm: float = 0.5           # half the NVLink TP traffic is hidden behind GEMMs
+    layer_comm_inter: float = 1.0     # across nodes, none is
+    dp_comm: float = 0.3              # bucketed gradient reduction mostly overlaps backward
+    dp_comm_inter: float = 0.3
+    pp_comm: float = 1.0
+    latency: float = 1.0e-5           # 10 µs per latency step inside a node
+    latency_inter: float = 2.0e-5     # 20 µs per step across nodes
+    p2p_inter: float = 5.0e-5         # a pipeline send/recv pair across nodes
+    slot_sync: float = 2.0e-5         # a small collective over every node, per micro-batch
+    optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
+    step_overhead: float = 0.05
+    # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
+    inter_scaling: float = 0.0
+
+    def vector(self) -> np.ndarray:
+        """The linear coefficients, in FEATURES order."""
+        return np.array([getattr(self, name) for name in FEATURES], dtype=float)
+
+    @classmethod
+    def from_vector(cls, values: np.ndarray | list[float], inter_scaling: float = 0.0
+                    ) -> Coefficients:
+        linear = {name: float(v) for name, v in zip(FEATURES, values, strict=True)}
+        return cls(**linear, inter_scaling=float(inter_scaling))
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, float]) -> Coefficients:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown coefficient(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: float(v) for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every row of one (model, hardware) group shares."""
+
+    shape: ModelShape
+    seq_len: int
+    gpu: GpuSpec
+    dtype: str = "bf16"
+    gpus_per_node: int = 8
+    grad_reduce_bytes: int = 4
+    bucket_bytes: float = 25e6
+    flops_convention: str = DEFAULT_CONVENTION
+
+    @property
+    def peak(self) -> float:
+        return self.gpu.dense_peak(self.dtype)
+
+
+def _column(frame: pd.DataFrame, name: str, default: float | str | bool) -> np.ndarray:
+    if name in frame:
+        return frame[name].to_numpy()
+    return np.full(len(frame), default)
+
+
+def _steps(n: np.ndarray) -> np.ndarray:
+    """Latency steps of one collective over n ranks: 1 + log2 n (NCCL's tree-like algorithms;
+    a ring's n − 1 fitted the playbook's runs worse)."""
+    return np.where(n > 1, 1 + np.log2(np.maximum(n, 1)), 0.0)
+
+
+def _ring_time(n: np.ndarray, nbytes: np.ndarray, bw_Bps: np.ndarray) -> np.ndarray:
+    """One all-gather or reduce-scatter over n ranks of a buffer of `nbytes` (whole buffer)."""
+    return np.where(n > 1, (n - 1) / np.maximum(n, 1) * nbytes / bw_Bps, 0.0)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Where a communication group sits: its bandwidth and whether it leaves the node."""
+
+    bandwidth: np.ndarray  # bytes/s
+    inter: np.ndarray  # bool: the group spans nodes
+
+    def split(self, seconds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """(intra-node part, inter-node part) of a time computed with this group's bandwidth."""
+        seconds = np.broadcast_to(seconds, self.inter.shape)
+        return np.where(self.inter, 0.0, seconds), np.where(self.inter, seconds, 0.0)
+
+
+def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float) -> _Group:
+    """A collective over `size` ranks placed `stride` apart (tp innermost, pp outermost)."""
+    g = work.gpus_per_node
+    intra = work.gpu.intra_node_GBps * 1e9
+    inter = work.gpu.inter_node_GBps * 1e9
+    spans = size * stride > g
+    local = np.clip(g // np.maximum(stride, 1), 1, np.maximum(size, 1))
+    nodes = np.maximum(1.0, size * stride / g)
+    across = np.minimum(intra, local * inter) / nodes ** scaling
+    return _Group(np.where(spans, across, intra), spans)
+
+
+def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FLOPs per token of the busiest stage, its layer count, and its parameter count."""
+    params = count_parameters(shape)
+    attention_core = 12.0 * shape.q_dim * seq_len
+    active_per_layer = (params.attention_per_layer + params.mlp_active_per_layer
+                        + params.norms_per_layer)
+    layer = 6.0 * active_per_layer + attention_core
+    # Recomputation repeats the forward (1/3 of training FLOPs) of what it recomputes.
+    extra = np.select([recompute == "full", recompute == "selective"],
+                      [layer / 3.0, attention_core / 3.0], 0.0)
+    layer_f = layer + extra
+    head_f = 6.0 * shape.vocab_size * shape.hidden_size
+    L = shape.num_layers
+    total = L * layer_f + head_f
+    multi = pp > 1
+    # Last stage: the head plus k layers, chosen to approach total/pp; the rest share pp − 1 stages.
+    k = np.clip(np.rint((total / pp - head_f) / layer_f), 0, L)
+    rest = np.ceil((L - k) / np.maximum(pp - 1, 1))
+    last, other = head_f + k * layer_f, rest * layer_f
+    stage_f = np.where(multi, np.maximum(last, other), total)
+    stage_layers = np.where(multi, np.maximum(np.maximum(k, rest), 1), L)
+    # The first stage holds the embedding, the last the LM head (a copy of it when tied).
+    # (MoE: all experts count; sharding them over EP is left out of this estimate.)
+    stage_params = np.where(multi, np.maximum(rest, k) * params.per_layer + params.embedding,
+                            params.total)
+    return stage_f, stage_layers.astype(float), stage_params.astype(float)
+
+
+def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
+    """The feature matrix (one row per plan row, columns FEATURES)."""
+    missing = [c for c in LAYOUT_COLUMNS if c not in frame]
+    if missing:
+        raise ValueError(f"throughput model: plan rows lack column(s) {missing}")
+    dp, tp, pp = (frame[c].to_numpy(dtype=float) for c in ("dp", "tp", "pp"))
+    mbs, m = frame["mbs"].to_numpy(dtype=float), frame["grad_acc"].to_numpy(dtype=float)
+    zero = frame["zero_stage"].to_numpy(dtype=int)
+    cp = _column(frame, "cp", 1).astype(float)
+    ep = _column(frame, "ep", 1).astype(float)
+    sp = _column(frame, "sp", True).astype(bool)
+    vpp = _column(frame, "vpp", 1).astype(float)
+    recompute = _column(frame, "recompute", "none").astype(str)
+    shape, s, gamma = work.shape, work.seq_len, inter_scaling
+    act = DTYPE_BYTES.get(work.dtype, 2)
+    one = np.ones_like(tp)
+
+    stage_f, stage_layers, stage_params = _stage_split(shape, s, pp, recompute)
+    slots = m + (pp - 1) / vpp  # micro-batch slots of the busiest stage, bubble included
+    tokens_mb = mbs * s
+    compute = slots * tokens_mb * stage_f / (tp * cp) / work.peak
+    passes = slots * stage_layers
+
+    # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
+    # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
+    act_bytes = tokens_mb / cp * shape.hidden_size * act
+    tp_g = _group(tp, one, work, gamma)
+    tp_intra, tp_inter = tp_g.split(8 * _ring_time(tp, act_bytes, tp_g.bandwidth))
+    tp_hops = tp_g.split(np.where(tp > 1, np.where(sp, 8, 4) * _steps(tp), 0.0))
+    kv_bytes = 2 * tokens_mb / cp * shape.kv_dim * act
+    cp_g = _group(cp, tp, work, gamma)
+    cp_intra, cp_inter = cp_g.split(2 * (cp - 1) * kv_bytes / cp_g.bandwidth)
+    cp_hops = cp_g.split(2 * _steps(cp))
+    ep_intra = ep_inter = np.zeros_like(tp)
+    ep_hops = (ep_intra, ep_inter)
+    if shape.is_moe:
+        a2a_bytes = tokens_mb / cp * shape.hidden_size * act * shape.experts_per_token
+        ep_g = _group(ep, tp * cp * dp, work, gamma)
+        ep_intra, ep_inter = ep_g.split(4 * _ring_time(ep, a2a_bytes, ep_g.bandwidth))
+        ep_hops = ep_g.split(np.where(ep > 1, 4 * _steps(ep), 0.0))
+    per_layer = passes
+    layer_comm = per_layer * (tp_intra + cp_intra + ep_intra)
+    layer_comm_inter = per_layer * (tp_inter + cp_inter + ep_inter)
+
+    # Data-parallel synchronisation of this GPU's parameter shard.
+    replicas = dp * ep
+    shard = stage_params / tp
+    grad_bytes, param_bytes = shard * work.grad_reduce_bytes, shard * act
+    dp_g = _group(replicas, tp * cp, work, gamma)
+    rs = _ring_time(replicas, grad_bytes, dp_g.bandwidth)
+    ag = _ring_time(replicas, param_bytes, dp_g.bandwidth)
+    dp_intra, dp_inter = dp_g.split(np.select([zero == 0, zero == 3], [2 * rs, m * (rs + 2 * ag)],
+                                              rs + ag))
+    buckets = np.ceil(grad_bytes / work.bucket_bytes)
+    dp_hops = dp_g.split(np.where(replicas > 1, np.where(zero == 3, 3 * m, 2) * buckets
+                                  * _steps(replicas), 0.0))
+
+    # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.
+    p2p_bytes = np.where(sp, act_bytes / tp, act_bytes)
+    pp_g = _Group(np.where(tp * cp * dp >= work.gpus_per_node,
+                           work.gpu.inter_node_GBps, work.gpu.intra_node_GBps) * 1e9,
+                  tp * cp * dp >= work.gpus_per_node)
+    pp_comm = np.where(pp > 1, slots * 2 * p2p_bytes / pp_g.bandwidth, 0.0)
+    pp_hops = pp_g.split(np.where(pp > 1, slots * 2, 0.0))
+
+    # Latency: ring hops of every collective; inter-node hops slow down with scale like bandwidth.
+    nodes = np.maximum(1.0, world_size(frame) / work.gpus_per_node)
+    congestion = nodes ** gamma
+    latency = per_layer * (tp_hops[0] + cp_hops[0] + ep_hops[0]) + dp_hops[0] + pp_hops[0]
+    latency_inter = (per_layer * (tp_hops[1] + cp_hops[1] + ep_hops[1]) + dp_hops[1]) * congestion
+    optimizer = np.where(zero >= 1, shard / replicas, shard)
+    columns = {
+        "compute": compute, "layer_passes": passes, "layer_comm": layer_comm,
+        "layer_comm_inter": layer_comm_inter, "dp_comm": dp_intra, "dp_comm_inter": dp_inter,
+        "pp_comm": pp_comm, "latency": latency, "latency_inter": latency_inter,
+        "p2p_inter": pp_hops[1] * congestion,
+        "slot_sync": slots * (nodes - 1.0),
+        "optimizer": optimizer, "step_overhead": one,
+    }
+    return pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in columns.items()},
+                        index=frame.index)
+
+
+def tokens_per_step(frame: pd.DataFrame, work: Workload) -> np.ndarray:
+    dp, mbs, m = (frame[c].to_numpy(dtype=float) for c in ("dp", "mbs", "grad_acc"))
+    return dp * _column(frame, "ep", 1).astype(float) * mbs * m * work.seq_len
+
+
+def world_size(frame: pd.DataFrame) -> np.ndarray:
+    size = frame["dp"].to_numpy(dtype=float) * frame["tp"].to_numpy(dtype=float)
+    size = size * frame["pp"].to_numpy(dtype=float)
+    return size * _column(frame, "cp", 1).astype(float) * _column(frame, "ep", 1).astype(float)
+
+
+def predict(frame: pd.DataFrame, work: Workload, coeffs: Coefficients = Coefficients()
+            ) -> pd.DataFrame:
+    """Predicted step time, tokens/s/GPU and MFU, with the time of every term (`t_<feature>`)."""
+    feats = features(frame, work, coeffs.inter_scaling)
+    parts = feats.to_numpy() * coeffs.vector()
+    step = parts.sum(axis=1)
+    tps_gpu = tokens_per_step(frame, work) / (step * world_size(frame))
+    out = pd.DataFrame({f"t_{name}": parts[:, i] for i, name in enumerate(FEATURES)},
+                       index=frame.index)
+    out.insert(0, "pred_step_time_s", step)
+    out.insert(1, "pred_tokens_per_s_per_gpu", tps_gpu)
+    fpt = flops_per_token(work.shape, work.seq_len, work.flops_convention)
+    out.insert(2, "pred_mfu", tps_gpu * fpt / work.peak)
+    return out
+
+
+__all__ = ["Coefficients", "FEATURES", "Workload", "features", "predict", "tokens_per_step",
+           "world_size", "GRAD_REDUCE_BYTES"]
