@@ -1,0 +1,120 @@
+"""The best configuration of each (model, nodes) cell, by a chosen metric and FLOPs convention.
+
+Only completed attempts compete. Ties break on tokens/s/GPU, then run id and attempt, so the
+choice is deterministic. A cell with no winner says why (not run, all OOM, …). Reads runs.parquet
+columns only (sweep.schema); no Slurm, no rendering.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pandas as pd
+
+METRICS: Final = ("mfu", "tokens_per_sec_per_gpu")
+CONVENTIONS: Final = ("reported", "megatron", "full_attention", "6N")
+DEFAULT_METRIC: Final = "mfu"
+# `reported`: the MFU the trainer or the publication reported. For the built-in workload that is
+# full_attention; for imported playbook runs it is the published figure, so the published heatmap
+# is reproduced by default and the flags say where a consistent basis would pick differently.
+DEFAULT_CONVENTION: Final = "reported"
+GIB: Final = 2**30
+LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "recompute")
+BEST_CSV_COLUMNS: Final = ("model", "nodes", *LAYOUT_COLUMNS, "mfu_pct", "tokens_per_sec_per_gpu",
+                           "gpu_memory_GB")
+
+
+def mfu_column(convention: str) -> str:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown FLOPs convention {convention!r}; use one of {', '.join(CONVENTIONS)}")
+    return f"mfu_{convention}"
+
+
+def ranking_column(metric: str, convention: str) -> str:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
+    return mfu_column(convention) if metric == "mfu" else "tokens_per_sec_per_gpu"
+
+
+def describe(metric: str, convention: str) -> str:
+    if metric == "tokens_per_sec_per_gpu":
+        return "tokens/s per GPU"
+    return f"MFU ({convention})"
+
+
+def cell_keys(runs: pd.DataFrame) -> tuple[list[str], list[int]]:
+    """Models ordered by size, then node counts ascending: the heatmap's rows and columns."""
+    sizes = runs.groupby("model", sort=False)["model_params"].max().fillna(0)
+    models = sorted(sizes.index, key=lambda m: (sizes[m], m))
+    nodes = sorted(int(n) for n in runs["nodes"].dropna().unique())
+    return models, nodes
+
+
+def _labels(runs: pd.DataFrame) -> dict[str, str]:
+    labels = runs.dropna(subset=["model_label"]).drop_duplicates("model")
+    return {**{m: m for m in runs["model"].dropna().unique()},
+            **dict(zip(labels["model"], labels["model_label"]))}
+
+
+def empty_reason(cell: pd.DataFrame, column: str) -> str:
+    """Why a cell has no winner, from the outcomes of its attempts."""
+    if cell.empty:
+        return "not run"
+    completed = cell[cell["outcome"] == "completed"]
+    if not completed.empty:
+        return f"{len(completed)} completed run(s) without {column}"
+    counts = cell["outcome"].value_counts()
+    parts = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
+    if len(counts) == 1:
+        return f"no successful run: all {len(cell)} {counts.index[0]}"
+    return f"no successful run: {parts}"
+
+
+def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
+                 convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
+    """One row per cell of the models × nodes grid, winners and empty cells alike."""
+    column = ranking_column(metric, convention)
+    shown_mfu = mfu_column(convention)
+    models, nodes = cell_keys(runs)
+    labels = _labels(runs)
+    eligible = runs[(runs["outcome"] == "completed") & runs[column].notna()]
+    ordered = eligible.sort_values([column, "tokens_per_sec_per_gpu", "run_id", "attempt"],
+                                   ascending=[False, False, True, True], kind="mergesort")
+    winners = ordered.drop_duplicates(["model", "nodes"], keep="first").set_index(["model", "nodes"])
+    grouped = dict(tuple(runs.groupby(["model", "nodes"], sort=False)))
+    rows = []
+    for model in models:
+        for node_count in nodes:
+            cell = grouped.get((model, node_count), runs.iloc[0:0])
+            row = {"model": labels.get(model, model), "model_name": model, "nodes": node_count,
+                   "n_attempts": len(cell), "n_completed": int((cell["outcome"] == "completed").sum()),
+                   "metric": metric, "convention": convention}
+            if (model, node_count) in winners.index:
+                win = winners.loc[(model, node_count)]
+                row.update({k: win[k] for k in (*LAYOUT_COLUMNS, "run_id", "attempt", "layout_label",
+                                                 "world_size", "tokens_per_sec_per_gpu",
+                                                 "mem_reserved_bytes", "mem_allocated_bytes",
+                                                 "mem_source", "flops_per_token_reported")})
+                row["model_params"] = win["model_params"]
+                row["mfu"] = win[shown_mfu]
+                row["mfu_pct"] = 100.0 * win[shown_mfu] if pd.notna(win[shown_mfu]) else None
+                row["gpu_memory_GB"] = (win["mem_reserved_bytes"] / GIB
+                                        if pd.notna(win["mem_reserved_bytes"]) else None)
+                row["empty_reason"] = ""
+            else:
+                row["empty_reason"] = empty_reason(cell, column)
+            rows.append(row)
+    frame = pd.DataFrame(rows)
+    for name in (*BEST_CSV_COLUMNS, "run_id", "attempt", "layout_label", "mfu"):
+        if name not in frame.columns:
+            frame[name] = None
+    return frame
+
+
+def best_csv_frame(best: pd.DataFrame) -> pd.DataFrame:
+    """Exactly the columns of best_configs.csv (winners only), full precision."""
+    winners = best[best["run_id"].notna()]
+    frame = winners.loc[:, list(BEST_CSV_COLUMNS)].reset_index(drop=True)
+    for name in ("nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage"):
+        frame[name] = frame[name].astype("int64")
+    return frame

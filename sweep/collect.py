@@ -1,0 +1,573 @@
+"""Attempt folders (+ Slurm accounting rows) → one runs.parquet row per attempt.
+
+Collect must never lose a sweep to one bad run: a missing, truncated or corrupt file becomes a
+`collect_issues` entry on that row, never an exception. It is incremental (a row whose files did
+not change is reused from the previous runs.parquet, by fingerprint) and idempotent (the same
+folders give the same table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sweep import catalog, flops
+from sweep.model import ModelShape, count_parameters
+from sweep.runconfig import RunConfig
+from sweep.schema import (CONVENTIONS, DEFAULT_STEADY_STATE_POLICY, OUTCOMES, SCHEMA_VERSION,
+                          arrow_schema, to_table)
+from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
+
+RUNS_FILE = "runs.parquet"
+ENV_FILE = "env.json"
+METRICS_FORMAT = "metrics.jsonl@1"
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    table: pa.Table
+    computed: int
+    reused: int
+    with_issues: list[str] = field(default_factory=list)  # attempt_dir of rows with issues
+
+
+# ---------------------------------------------------------------- pure row builders
+
+def config_columns(config: RunConfig) -> dict[str, Any]:
+    """The configuration columns of a run (shared by collect and the importers)."""
+    shape, layout, settings = config.model, config.layout, config.settings
+    return {
+        "sweep": config.sweep, "run_id": config.run_id, "framework": config.framework,
+        "model": shape.name, "model_label": shape.name,
+        "model_params": count_parameters(shape).total,
+        "num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
+        "num_attention_heads": shape.num_attention_heads, "num_kv_heads": shape.num_kv_heads,
+        "ffn_hidden_size": shape.ffn_hidden_size, "vocab_size": shape.vocab_size,
+        "tie_word_embeddings": shape.tie_word_embeddings, "num_experts": shape.num_experts,
+        "nodes": config.nodes, "gpus_per_node": config.gpus_per_node,
+        "world_size": config.world_size, "gpu": config.gpu, "dtype": config.dtype,
+        "seq_len": config.seq_len, "global_batch_sequences": config.global_batch_sequences,
+        "global_batch_tokens": config.global_batch_sequences * config.seq_len,
+        **{k: getattr(layout, k) for k in ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
+                                           "zero_stage", "recompute", "sp", "pp_schedule", "vpp")},
+        "layout_label": layout.label(),
+        "steps": settings.get("steps"), "warmup_steps": settings.get("warmup_steps"),
+        "settings_json": json.dumps(settings, sort_keys=True),
+        "spec_hash": config.spec_hash,
+        "mem_predicted_bytes": config.predicted.get("memory_bytes"),
+        "predicted_json": json.dumps(config.predicted, sort_keys=True),
+    }
+
+
+def dense_peak(gpu: str, dtype: str) -> tuple[float, str] | None:
+    """The catalog's dense peak FLOP/s per GPU and where it came from; None if it has none."""
+    try:
+        return catalog.get_gpu(gpu).dense_peak(dtype), f"catalog:{catalog.get_gpu(gpu).name}:{dtype}"
+    except (catalog.CatalogError, KeyError):
+        return None
+
+
+@functools.cache
+def _flops_all(shape: ModelShape, seq_len: int) -> dict[str, float]:
+    return flops.flops_per_token_all(shape, seq_len)
+
+
+def mfu_columns(shape: ModelShape, seq_len: int, tokens_per_sec_per_gpu: float | None,
+                peak: tuple[float, str] | None) -> dict[str, Any]:
+    """FLOPs per token under every convention, and MFU under each when throughput is known."""
+    per_token = _flops_all(shape, seq_len)
+    row: dict[str, Any] = {f"flops_per_token_{c}": per_token[c] for c in CONVENTIONS}
+    if peak is not None:
+        row["peak_flops"], row["peak_flops_source"] = peak
+        if tokens_per_sec_per_gpu is not None:
+            for c in CONVENTIONS:
+                row[f"mfu_{c}"] = flops.mfu(tokens_per_sec_per_gpu, per_token[c], peak[0])
+    return row
+
+
+def steady_state(steps: list[dict[str, Any]], warmup: int, global_batch_tokens: int | None,
+                 world_size: int | None) -> dict[str, Any]:
+    """Statistics over the step records after the warm-up (by step number), nothing rounded."""
+    ordered = sorted(steps, key=lambda s: s.get("step") or 0)
+    kept = [s for s in ordered if (s.get("step") or 0) > warmup]
+    timed = [s for s in kept if s.get("step_time_s") is not None]
+    row: dict[str, Any] = {"steps_recorded": len(steps), "warmup_steps_skipped": warmup,
+                           "step_time_n": len(timed)}
+    if ordered:
+        row["last_step"] = ordered[-1].get("step")
+        row["final_loss"] = ordered[-1].get("loss")
+    if kept:
+        row["steady_state_policy"] = DEFAULT_STEADY_STATE_POLICY.format(
+            warmup=warmup, first=kept[0].get("step"), last=kept[-1].get("step"))
+    if timed:
+        times = [float(s["step_time_s"]) for s in timed]
+        row["step_time_mean_s"] = statistics.fmean(times)
+        row["step_time_std_s"] = statistics.stdev(times) if len(times) > 1 else None
+        if all(s.get("tokens") is not None for s in timed):
+            row["tokens_per_sec"] = sum(float(s["tokens"]) for s in timed) / sum(times)
+        elif global_batch_tokens:
+            row["tokens_per_sec"] = global_batch_tokens / row["step_time_mean_s"]
+    if row.get("tokens_per_sec") is not None and world_size:
+        row["tokens_per_sec_per_gpu"] = row["tokens_per_sec"] / world_size
+    for key in ("tokens_per_sec", "tokens_per_sec_per_gpu"):  # frameworks that log only rates
+        values = [float(s[key]) for s in kept if s.get(key) is not None]
+        if row.get(key) is None and values and len(values) == len(kept):
+            row[key] = statistics.fmean(values)
+    if world_size:
+        if row.get("tokens_per_sec") is not None and row.get("tokens_per_sec_per_gpu") is None:
+            row["tokens_per_sec_per_gpu"] = row["tokens_per_sec"] / world_size
+        if row.get("tokens_per_sec_per_gpu") is not None and row.get("tokens_per_sec") is None:
+            row["tokens_per_sec"] = row["tokens_per_sec_per_gpu"] * world_size
+    return row
+
+
+# ---------------------------------------------------------------- file readers
+
+def _read_json(path: Path, issues: list[str]) -> Any | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        issues.append(f"{path.name}: unreadable ({type(error).__name__}: {error})")
+        return None
+
+
+def read_metrics(path: Path, issues: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Step records and the summary record of a metrics.jsonl; bad lines become issues."""
+    steps: list[dict[str, Any]] = []
+    summary = None
+    bad = 0
+    try:
+        handle = open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return steps, None
+    with handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                bad += 1
+                continue
+            if not isinstance(record, dict):
+                bad += 1
+            elif record.get("kind") == "step":
+                steps.append(record)
+            elif record.get("kind") == "summary":
+                summary = record
+    if bad:
+        issues.append(f"{path.name}: {bad} unreadable line(s) skipped (torn or corrupt write)")
+    return steps, summary
+
+
+def _fingerprint(attempt_dir: Path, run_dir: Path, extra: str) -> str:
+    parts = []
+    for directory in (run_dir, attempt_dir, attempt_dir / "logs"):
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_file() and (directory != run_dir or entry.name == RUN_FILE):
+                stat = entry.stat()
+                parts.append(f"{entry.name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return "|".join(parts) + (f"|acct:{extra}" if extra else "")
+
+
+# ---------------------------------------------------------------- one attempt
+
+def _first(mapping: Mapping[str, Any] | None, *keys: str) -> Any:
+    for key in keys:
+        if mapping and mapping.get(key) not in (None, ""):
+            return mapping[key]
+    return None
+
+
+def _status_from_nodes(attempt_dir: Path, issues: list[str]) -> dict[str, Any] | None:
+    verdicts = [v for p in sorted(attempt_dir.glob("node*.json"))
+                if isinstance(v := _read_json(p, issues), dict)]
+    if not verdicts:
+        return None
+    failed = [v for v in verdicts if v.get("outcome") != "completed"]
+    return failed[0] if failed else verdicts[0]
+
+
+def _outcome_from_accounting(acct: Mapping[str, Any]) -> tuple[str, str]:
+    from sweep.slurm_states import outcome_from_sacct
+
+    job = acct["job"]
+    state = str(_first(job, "State", "state") or "")
+    try:
+        verdict = outcome_from_sacct(state, _first(job, "ExitCode"), _first(job, "DerivedExitCode"),
+                                     [str(_first(step, "State", "state") or "") for step in acct["steps"]])
+    except ValueError as error:
+        return "unknown", f"sacct:{state} ({error})"
+    if verdict is None:
+        return "unknown", f"sacct:{state} (may still run)"
+    return verdict[0], f"sacct:{state} ({verdict[1]})"
+
+
+def _parse_time(value: Any) -> float | None:
+    if value in (None, "", "Unknown", "None"):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(value)).timestamp()
+    except ValueError:
+        return None
+
+
+def _env_job_id(env: Mapping[str, Any]) -> str | None:
+    """env.json's Slurm id as sacct names it: `<array>_<task>` for array jobs."""
+    job = _first(env, "slurm_array", "slurm_job_id")
+    return str(job) if job is not None else None
+
+
+def _git_sha(state: Any) -> str | None:
+    if not isinstance(state, dict) or not state.get("sha"):
+        return None
+    return str(state["sha"]) + ("-dirty" if state.get("dirty") else "")
+
+
+_FRAMEWORK_PACKAGES = {"megatron": "megatron-core", "nanotron": "nanotron", "torchtitan": "torchtitan"}
+
+
+def provenance_columns(env: Mapping[str, Any], framework: str | None) -> dict[str, Any]:
+    """Provenance from env.json (sweep.provenance): versions, commits, host."""
+    harness = env.get("harness") if isinstance(env.get("harness"), dict) else {}
+    packages = env.get("packages") if isinstance(env.get("packages"), dict) else {}
+    frame = env.get("framework") if isinstance(env.get("framework"), dict) else {}
+    framework_sha = _git_sha(frame.get("git"))
+    package = packages.get(_FRAMEWORK_PACKAGES.get(framework or "", ""))
+    if framework == "builtin":
+        framework_version = f"llm-sweep {harness.get('version')}" if harness.get("version") else None
+    else:
+        framework_version = " @ ".join(v for v in (package, framework_sha) if v) or None
+    return {"harness_version": harness.get("version"), "harness_git_sha": _git_sha(harness.get("git")),
+            "framework_version": framework_version, "torch_version": packages.get("torch"),
+            "python_version": env.get("python"), "hostname": env.get("hostname")}
+
+
+def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
+                    accounting: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """One row; every problem lands in `collect_issues`, nothing raises for bad files.
+
+    `accounting`: sacct rows grouped by job id, as `_accounting_index` builds them.
+    """
+    issues: list[str] = []
+    row: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "source": "collect",
+        "attempt": int(attempt_dir.name), "attempt_dir": attempt_dir.relative_to(sweep_dir).as_posix(),
+        "collected_at": time.time(),
+    }
+    config = _load_config(run_dir, issues)
+    if config is not None:
+        row.update(config_columns(config))
+    env = _read_json(attempt_dir / ENV_FILE, issues)
+    env = env if isinstance(env, dict) else {}
+    status = _read_json(attempt_dir / STATUS_FILE, issues)
+    row["status_source"] = STATUS_FILE
+    if not isinstance(status, dict):
+        status = _status_from_nodes(attempt_dir, issues)
+        row["status_source"] = "node-files" if status else "none"
+        if status:
+            issues.append("status.json missing: verdict taken from the node files")
+    status = status or {}
+    job_id = _first(status, "slurm_job_id") or _env_job_id(env)
+    acct = (accounting or {}).get(str(job_id)) if job_id is not None else None
+    _outcome_columns(row, status, acct, issues)
+    _metric_columns(row, attempt_dir, config, issues)
+    summary_torch = row.pop("torch_version", None)
+    _slurm_columns(row, status, env, acct, job_id)
+    row.update(provenance_columns(env, row.get("framework")))
+    row["hostname"] = _first(status, "hostname") or row["hostname"]
+    row["torch_version"] = row["torch_version"] or summary_torch
+    row["collect_issues"] = issues
+    return row
+
+
+def _load_config(run_dir: Path, issues: list[str]) -> RunConfig | None:
+    data = _read_json(run_dir / RUN_FILE, issues)
+    if data is None:
+        if not any(i.startswith(RUN_FILE) for i in issues):
+            issues.append(f"{RUN_FILE}: missing; configuration columns are empty")
+        return None
+    try:
+        return RunConfig.from_json(data)
+    except (KeyError, TypeError, ValueError) as error:
+        issues.append(f"{RUN_FILE}: invalid ({type(error).__name__}: {error})")
+        return None
+
+
+def _outcome_columns(row: dict[str, Any], status: Mapping[str, Any],
+                     acct: Mapping[str, Any] | None, issues: list[str]) -> None:
+    outcome = status.get("outcome")
+    if outcome is None and acct is not None:
+        outcome, row["reason"] = _outcome_from_accounting(acct)
+        row["status_source"] = "sacct"
+    elif outcome is None:
+        outcome = "unknown"
+        row["reason"] = "no status.json, node files or Slurm accounting: still running, or killed"
+    elif outcome not in OUTCOMES:
+        issues.append(f"status.json: outcome {outcome!r} is not one of {', '.join(OUTCOMES)}")
+        outcome = "unknown"
+    row["outcome"] = outcome
+    row.setdefault("reason", status.get("reason"))
+    row["rule"] = status.get("rule")
+    evidence = status.get("evidence") or []
+    row["evidence"] = evidence if isinstance(evidence, list) else [str(evidence)]
+    row["last_step"] = status.get("last_step")
+    if status.get("exit_codes") is not None:
+        row["exit_codes_json"] = json.dumps(status["exit_codes"], sort_keys=True)
+
+
+def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | None,
+                    issues: list[str]) -> None:
+    warmup = int((config.settings.get("warmup_steps") if config else None) or 0)
+    world = config.world_size if config else None
+    gbt = row.get("global_batch_tokens")
+    summary = None
+    if config is None or config.framework == "builtin":
+        steps, summary = read_metrics(attempt_dir / METRICS_FILE, issues)
+        row["parser"] = METRICS_FORMAT
+    else:
+        steps = _steps_from_logs(row, attempt_dir, config.framework, issues)
+    stats = steady_state(steps, warmup, gbt, world)
+    last_step = row.get("last_step")
+    row.update({k: v for k, v in stats.items() if v is not None})
+    if last_step is not None:
+        row["last_step"] = last_step
+    if summary is not None:
+        _apply_summary(row, summary, world)
+    elif steps:
+        row["metrics_source"] = row.get("metrics_source") or "steps"
+        if row.get("outcome") == "completed":
+            issues.append(f"{METRICS_FILE}: no summary record; steady state recomputed from "
+                          f"{len(steps)} step records")
+        mem = [s for s in steps if s.get("mem_reserved_bytes") is not None]
+        log_memory = row.pop("_log_memory", None)
+        if log_memory is not None and any(v is not None for v in log_memory):
+            row["mem_allocated_bytes"], row["mem_reserved_bytes"] = log_memory
+            row["mem_source"] = "log"
+        elif mem:
+            row["mem_allocated_bytes"] = max(float(s.get("mem_allocated_bytes") or 0) for s in mem)
+            row["mem_reserved_bytes"] = max(float(s["mem_reserved_bytes"]) for s in mem)
+            row["mem_source"] = mem[-1].get("mem_source")
+        mfus = [s["mfu_pct"] for s in steps if s.get("mfu_pct") is not None and s.get("step", 0) > warmup]
+        if mfus:
+            row["mfu_reported"] = statistics.fmean(mfus) / 100.0
+            row["mfu_reported_convention"] = ("full_attention" if config is None or
+                                              config.framework == "builtin" else f"{config.framework}-log")
+    elif row.get("outcome") == "completed":
+        issues.append(f"{METRICS_FILE}: no step records for a completed attempt")
+    if stats["step_time_n"] == 0 and steps and summary is None:
+        issues.append(f"only {len(steps)} step(s) recorded, all within the {warmup} warm-up "
+                      f"steps: no steady-state figures")
+    if config is not None:
+        _apply_mfu(row, config, summary, issues)
+
+
+def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int | None) -> None:
+    row["metrics_source"] = "summary"
+    mapping = {"warmup_steps_skipped": "warmup_steps_skipped",
+               "step_time_mean_s": "step_time_mean_s", "step_time_std_s": "step_time_std_s",
+               "step_time_n": "step_time_n", "tokens_per_sec": "tokens_per_sec",
+               "tokens_per_sec_per_gpu": "tokens_per_sec_per_gpu", "final_loss": "final_loss",
+               "mem_allocated_bytes": "mem_allocated_bytes", "mem_reserved_bytes": "mem_reserved_bytes",
+               "mem_source": "mem_source", "ended_by": "ended_by", "torch_version": "torch_version",
+               "steady_state_policy": "steady_state_policy"}
+    for key, column in mapping.items():
+        if summary.get(key) is not None:
+            row[column] = summary[key]
+    if row.get("tokens_per_sec_per_gpu") is None and row.get("tokens_per_sec") and world:
+        row["tokens_per_sec_per_gpu"] = row["tokens_per_sec"] / world
+    if summary.get("mfu_pct") is not None:
+        row["mfu_reported"] = float(summary["mfu_pct"]) / 100.0
+        row["mfu_reported_convention"] = "full_attention"
+    if summary.get("peak_flops") is not None:
+        row["_summary_peak"] = (float(summary["peak_flops"]), str(summary.get("peak_flops_source") or "metrics"))
+
+
+def _apply_mfu(row: dict[str, Any], config: RunConfig, summary: Mapping[str, Any] | None,
+               issues: list[str]) -> None:
+    reported_peak = row.pop("_summary_peak", None)
+    peak = dense_peak(config.gpu, config.dtype) or reported_peak
+    if peak is not None and reported_peak is not None and reported_peak[1].startswith("catalog") \
+            and abs(reported_peak[0] - peak[0]) > 1e-9 * peak[0]:
+        issues.append(f"metrics.jsonl: peak_flops {reported_peak[0]:g} differs from the catalog's "
+                      f"dense peak {peak[0]:g}; MFU uses the catalog")
+    row.update(mfu_columns(config.model, config.seq_len, row.get("tokens_per_sec_per_gpu"), peak))
+    reported = (summary or {}).get("flops_per_token") or {}
+    for name, value in reported.items():
+        ours = row.get(f"flops_per_token_{name}")
+        if ours is not None and value is not None and abs(float(value) - ours) > 1e-9 * ours:
+            issues.append(f"metrics.jsonl: flops_per_token[{name}] = {value} differs from "
+                          f"sweep.flops ({ours}); stored the sweep.flops value")
+    if row.get("mfu_reported") is not None and row.get("tokens_per_sec_per_gpu") and peak:
+        row["flops_per_token_reported"] = row["mfu_reported"] * peak[0] / row["tokens_per_sec_per_gpu"]
+
+
+def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
+                     issues: list[str]) -> list[dict[str, Any]]:
+    """Step records of a Megatron/nanotron/torchtitan attempt: the node log with most steps."""
+    from sweep.logs import LogParseError, get_parser
+
+    try:
+        parser = get_parser(framework)
+    except ValueError as error:
+        issues.append(str(error))
+        return []
+    best: list[dict[str, Any]] = []
+    logs = sorted((attempt_dir / "logs").glob("node*.out"))
+    if not logs:
+        issues.append("logs/: no node*.out log to parse")
+    for path in logs:
+        try:
+            parsed = parser.parse_file(path)
+        except LogParseError as error:
+            issues.append(f"logs/{path.name}: {error}")
+            continue
+        steps = [dataclasses.asdict(step) for step in parsed.steps]
+        if len(steps) > len(best) or not best:
+            best = steps
+            row["parser"] = row["metrics_source"] = f"log:{framework}@{parsed.format_version or '?'}"
+            row["_log_memory"] = (parsed.peak_mem_allocated_bytes, parsed.peak_mem_reserved_bytes)
+            if parsed.truncated:
+                issues.append(f"logs/{path.name}: last line cut off (writer killed); skipped")
+            issues.extend(f"logs/{path.name}: {problem}" for problem in parsed.problems[:5])
+    return best
+
+
+def _slurm_columns(row: dict[str, Any], status: Mapping[str, Any], env: Mapping[str, Any],
+                   entry: Mapping[str, Any] | None, job_id: Any) -> None:
+    acct = entry["job"] if entry is not None else None
+    row["slurm_job_id"] = str(job_id) if job_id is not None else None
+    nodes = status.get("nodes")
+    nodes = nodes or env.get("nodes")
+    row["node_list"] = ",".join(nodes) if isinstance(nodes, list) else nodes
+    started, ended = _parse_time(status.get("started_at")), _parse_time(status.get("ended_at"))
+    elapsed = ended - started if started is not None and ended is not None else None
+    if acct is not None:
+        row["slurm_state"] = _first(acct, "State", "state")
+        row["node_list"] = _first(acct, "NodeList", "node_list") or row["node_list"]
+        started = started if started is not None else _parse_time(_first(acct, "Start", "start"))
+        ended = ended if ended is not None else _parse_time(_first(acct, "End", "end"))
+        raw = _first(acct, "ElapsedRaw", "elapsed_s")
+        elapsed = float(raw) if raw is not None else elapsed
+        if elapsed is None and started is not None and ended is not None:
+            elapsed = ended - started
+    row["started_at"], row["ended_at"], row["elapsed_s"] = started, ended, elapsed
+    if elapsed is not None and row.get("world_size"):
+        row["gpu_hours"] = elapsed * row["world_size"] / 3600.0
+
+
+# ---------------------------------------------------------------- a whole sweep
+
+def _accounting_index(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """sacct rows by job id: the allocation row, and its steps (`123.batch`, `123.0`)."""
+    index: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        job_id = str(_first(row, "JobID", "job_id") or "")
+        if not job_id:
+            continue
+        base, _, step = job_id.partition(".")
+        entry = index.setdefault(base, {"job": {}, "steps": []})
+        if step:
+            entry["steps"].append(row)
+        else:
+            entry["job"] = row
+    return {job: entry for job, entry in index.items() if entry["job"]}
+
+
+def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
+                  accounting: Iterable[Mapping[str, Any]] = ()) -> CollectResult:
+    """Rows for every attempt folder under SWEEP_DIR/runs; unchanged rows come from `previous`."""
+    sweep_dir = Path(sweep_dir)
+    acct = _accounting_index(accounting)
+    acct_key = {job: json.dumps(row, sort_keys=True, default=str) for job, row in acct.items()}
+    known: dict[str, tuple[int, str]] = {}
+    if previous is not None and previous.num_rows and "source_fingerprint" in previous.column_names:
+        for index, (path, print_) in enumerate(zip(previous.column("attempt_dir").to_pylist(),
+                                                   previous.column("source_fingerprint").to_pylist())):
+            known[path] = (index, print_)
+    reuse: list[int] = []
+    fresh: list[dict[str, Any]] = []
+    runs_root = sweep_dir / "runs"
+    run_dirs = sorted(p for p in runs_root.iterdir() if p.is_dir()) if runs_root.is_dir() else []
+    for run_dir in run_dirs:
+        for attempt_dir in attempt_dirs(run_dir):
+            rel = attempt_dir.relative_to(sweep_dir).as_posix()
+            job = _job_hint(attempt_dir) if acct else None
+            fingerprint = _fingerprint(attempt_dir, run_dir, acct_key.get(job, "") if job else "")
+            hit = known.get(rel)
+            if hit is not None and hit[1] == fingerprint:
+                reuse.append(hit[0])
+                continue
+            try:
+                row = collect_attempt(sweep_dir, run_dir, attempt_dir, acct)
+            except Exception as error:  # noqa: BLE001 - one bad attempt must not stop the sweep
+                row = {"schema_version": SCHEMA_VERSION, "run_id": run_dir.name,
+                       "attempt": int(attempt_dir.name), "attempt_dir": rel, "source": "collect",
+                       "outcome": "unknown", "collected_at": time.time(),
+                       "collect_issues": [f"collect failed: {type(error).__name__}: {error}"]}
+            row["source_fingerprint"] = fingerprint
+            fresh.append(row)
+    parts = [to_table(fresh)]
+    if reuse:
+        parts.insert(0, previous.select(list(arrow_schema().names)).cast(arrow_schema()).take(reuse))
+    table = pa.concat_tables(parts).sort_by([("run_id", "ascending"), ("attempt", "ascending")])
+    issues = [r["attempt_dir"] for r in fresh if r.get("collect_issues")]
+    return CollectResult(table=table, computed=len(fresh), reused=len(reuse), with_issues=issues)
+
+
+def _job_hint(attempt_dir: Path) -> str | None:
+    """The Slurm job id an attempt ran under (env.json or status.json), cheaply."""
+    for name in (ENV_FILE, STATUS_FILE):
+        try:
+            data = json.loads((attempt_dir / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        job = _first(data, "slurm_job_id") if name == STATUS_FILE else _env_job_id(data)
+        if job is not None:
+            return str(job)
+    return None
+
+
+def read_runs(path: str | Path) -> pa.Table | None:
+    """A previous runs.parquet, or None when absent or from another schema version."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    if meta.get(b"llm_sweep_schema_version") != str(SCHEMA_VERSION).encode():
+        return None
+    return table
+
+
+def write_runs(table: pa.Table, path: str | Path) -> None:
+    """Write atomically: a reader sees the old table or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

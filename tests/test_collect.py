@@ -1,0 +1,221 @@
+"""`sweep collect`: real attempt folders on disk → one runs.parquet row per attempt.
+
+Every folder here is written with the project's own writers (RunConfig.to_json, atomic_write_json),
+in the formats of the shared contracts (metrics.jsonl step/summary records, status.json).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import sweep
+from sweep import catalog, flops, provenance
+from sweep.cli import main
+from sweep.collect import collect_sweep, read_runs
+from sweep.layout import Layout
+from sweep.runconfig import RunConfig
+from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, atomic_write_json
+
+SHAPE = catalog.get_model("playbook-1b")
+PEAK = 989.5e12  # catalog h100-sxm bf16
+
+
+def make_config(dp: int = 8, mbs: int = 1, warmup: int = 3) -> RunConfig:
+    layout = Layout(dp=dp, tp=1, pp=1, mbs=mbs, grad_acc=32 // (dp * mbs) or 1)
+    return RunConfig(sweep="demo", framework="builtin", model=SHAPE, layout=layout, nodes=1,
+                     gpus_per_node=8, gpu="h100-sxm", dtype="bf16", seq_len=4096,
+                     global_batch_sequences=layout.sequences_per_step,
+                     settings={"steps": 10, "warmup_steps": warmup}, spec_hash="spec123",
+                     predicted={"memory_bytes": 3.5e10})
+
+
+def write_run(sweep_dir: Path, config: RunConfig) -> Path:
+    run_dir = sweep_dir / "runs" / config.run_id
+    atomic_write_json(run_dir / RUN_FILE, config.to_json())
+    return run_dir
+
+
+def step_record(step: int, step_time: float, tokens: int) -> dict[str, Any]:
+    return {"kind": "step", "step": step, "time": 1000.0 + step, "step_time_s": step_time,
+            "tokens": tokens, "tokens_per_sec": tokens / step_time,
+            "tokens_per_sec_per_gpu": tokens / step_time / 8, "loss": 10.0 - step,
+            "mem_allocated_bytes": 1e9 * step, "mem_reserved_bytes": 2e9 * step, "mem_source": "cuda"}
+
+
+def write_attempt(run_dir: Path, number: int, *, times: list[float], tokens: int = 131072,
+                  summary: dict[str, Any] | None = None, status: dict[str, Any] | None = None,
+                  env: dict[str, Any] | None = None, torn: bool = False) -> Path:
+    attempt = run_dir / "attempts" / str(number)
+    attempt.mkdir(parents=True)
+    lines = [json.dumps(step_record(i + 1, t, tokens)) for i, t in enumerate(times)]
+    if summary is not None:
+        lines.append(json.dumps({"kind": "summary", **summary}))
+    text = "\n".join(lines) + ("\n" if lines else "")
+    if torn:
+        text += '{"kind": "step", "step": 99, "step_ti'
+    (attempt / METRICS_FILE).write_text(text)
+    if status is not None:
+        atomic_write_json(attempt / STATUS_FILE, status)
+    if env is not None:
+        atomic_write_json(attempt / "env.json", env)
+    return attempt
+
+
+def completed_status(run_id: str, attempt: int = 1) -> dict[str, Any]:
+    return {"run_id": run_id, "attempt": attempt, "outcome": "completed", "reason": "step_budget",
+            "rule": "exit0", "evidence": [], "last_step": 10, "exit_codes": {"node0": 0},
+            "signals": [], "started_at": 1000.0, "ended_at": 1360.0, "node": "node1",
+            "nodes": ["node1"], "slurm_job_id": "77_3", "hostname": "node1", "writer": "watchdog"}
+
+
+SUMMARY = {"steps": 10, "warmup_steps_skipped": 3, "step_time_mean_s": 0.5, "step_time_std_s": 0.01,
+           "step_time_n": 7, "tokens_per_sec": 262144.0, "tokens_per_sec_per_gpu": 32768.0,
+           "mfu_pct": 100 * 32768.0 * 9664081920.0 / PEAK, "peak_flops": PEAK,
+           "peak_flops_source": "catalog:h100-sxm:bf16", "mem_allocated_bytes": 3.0e10,
+           "mem_reserved_bytes": 3.3e10, "mem_source": "cuda", "ended_by": "step_budget",
+           "final_loss": 3.25, "device": "cuda", "world_size": 8, "torch_version": "2.13.0",
+           "steady_state_policy": "skip first 3 steps; mean/std (ddof=1) over steps 4..10"}
+# env.json as the job script writes it, by the real writer (this checkout's git state, packages)
+ENV = provenance.collect(None, None, ["node1"], environ={
+    "SLURM_JOB_ID": "80", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "3"})
+
+
+def rows_by_dir(table) -> dict[str, dict[str, Any]]:
+    return {row["attempt_dir"]: row for row in table.to_pylist()}
+
+
+def test_completed_attempt_keeps_the_summary_and_recomputes_mfu_per_convention(tmp_path) -> None:
+    config = make_config()
+    run_dir = write_run(tmp_path, config)
+    write_attempt(run_dir, 1, times=[0.5] * 10, summary=SUMMARY, status=completed_status(config.run_id),
+                  env=ENV)
+    result = collect_sweep(tmp_path)
+    (row,) = result.table.to_pylist()
+    assert row["outcome"] == "completed" and row["collect_issues"] == []
+    assert row["run_id"] == config.run_id and row["dp"] == 8 and row["layout_label"].startswith("DP8")
+    assert row["step_time_mean_s"] == 0.5 and row["step_time_n"] == 7
+    assert row["metrics_source"] == "summary" and row["steps_recorded"] == 10
+    for convention in flops.CONVENTIONS:
+        per_token = flops.flops_per_token(SHAPE, 4096, convention)
+        assert row[f"flops_per_token_{convention}"] == per_token
+        assert row[f"mfu_{convention}"] == pytest.approx(32768.0 * per_token / PEAK, rel=1e-12)
+    assert row["peak_flops_source"] == "catalog:h100-sxm:bf16"
+    assert row["mfu_reported"] == pytest.approx(row["mfu_full_attention"], rel=1e-12)
+    assert row["mem_reserved_bytes"] == 3.3e10 and row["mem_predicted_bytes"] == 3.5e10
+    assert row["elapsed_s"] == 360.0 and row["gpu_hours"] == pytest.approx(360.0 * 8 / 3600)
+    assert row["slurm_job_id"] == "77_3" and row["node_list"] == "node1"
+    assert row["harness_version"] == sweep.__version__
+    assert row["harness_git_sha"].startswith(ENV["harness"]["git"]["sha"])
+    assert row["framework_version"] == f"llm-sweep {sweep.__version__}"
+    assert row["torch_version"] == ENV["packages"]["torch"]  # the node's, not the summary's
+    assert row["python_version"] == ENV["python"] and row["spec_hash"] == "spec123"
+
+
+def test_truncated_metrics_without_status_are_recomputed_and_the_reason_recorded(tmp_path) -> None:
+    run_dir = write_run(tmp_path, make_config())
+    times = [2.0, 1.0, 0.9, 0.52, 0.48, 0.5]
+    write_attempt(run_dir, 1, times=times, tokens=131072, torn=True)
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert row["outcome"] == "unknown" and row["status_source"] == "none"
+    assert any("1 unreadable line" in issue for issue in row["collect_issues"])
+    steady = times[3:]  # warm-up 3 skipped, by step number
+    assert row["step_time_n"] == 3 and row["warmup_steps_skipped"] == 3
+    assert row["step_time_mean_s"] == statistics.fmean(steady)
+    assert row["step_time_std_s"] == statistics.stdev(steady)
+    assert row["tokens_per_sec"] == 3 * 131072 / sum(steady)
+    assert row["tokens_per_sec_per_gpu"] == row["tokens_per_sec"] / 8
+    assert row["metrics_source"] == "steps" and row["last_step"] == 6
+    assert row["mem_reserved_bytes"] == 12e9  # the largest step record
+    assert "steps 4..6" in row["steady_state_policy"]
+
+
+def test_a_corrupt_file_marks_its_row_and_the_other_attempts_still_collect(tmp_path) -> None:
+    good = make_config(dp=8)
+    bad = make_config(dp=4, mbs=2)
+    write_attempt(write_run(tmp_path, good), 1, times=[0.5] * 10, summary=SUMMARY,
+                  status=completed_status(good.run_id))
+    bad_attempt = write_attempt(write_run(tmp_path, bad), 1, times=[0.5] * 2)
+    (bad_attempt / STATUS_FILE).write_text('{"outcome": "comp')
+    orphan = tmp_path / "runs" / "no-run-json" / "attempts" / "1"
+    orphan.mkdir(parents=True)
+    rows = rows_by_dir(collect_sweep(tmp_path).table)
+    assert rows[f"runs/{good.run_id}/attempts/1"]["collect_issues"] == []
+    broken = rows[f"runs/{bad.run_id}/attempts/1"]
+    assert any(issue.startswith("status.json: unreadable") for issue in broken["collect_issues"])
+    assert broken["outcome"] == "unknown"
+    lost = rows["runs/no-run-json/attempts/1"]
+    assert lost["run_id"] == "no-run-json" and lost["model"] is None
+    assert any("run.json: missing" in issue for issue in lost["collect_issues"])
+
+
+def test_a_killed_job_is_decided_by_slurm_accounting(tmp_path) -> None:
+    config = make_config()
+    run_dir = write_run(tmp_path, config)
+    write_attempt(run_dir, 1, times=[0.5] * 5, env={"slurm_job_id": "501"})
+    accounting = [{"JobID": "501", "State": "TIMEOUT", "NodeList": "node[1-2]", "ElapsedRaw": "1200",
+                   "Start": "2026-01-01T10:00:00", "End": "2026-01-01T10:20:00"},
+                  {"JobID": "501.batch", "State": "CANCELLED", "ElapsedRaw": "1201"}]
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert row["outcome"] == "timeout"
+    assert row["status_source"] == "sacct" and row["reason"] == "sacct:TIMEOUT (slurm_time_limit)"
+    assert row["slurm_state"] == "TIMEOUT" and row["node_list"] == "node[1-2]"
+    assert row["elapsed_s"] == 1200.0 and row["gpu_hours"] == pytest.approx(1200 * 8 / 3600)
+
+
+def test_accounting_steps_count_an_oom_killed_step(tmp_path) -> None:
+    run_dir = write_run(tmp_path, make_config())
+    write_attempt(run_dir, 1, times=[0.5], env={"slurm_job_id": "9"})
+    accounting = [{"JobID": "9", "State": "FAILED", "ExitCode": "1:0"},
+                  {"JobID": "9.0", "State": "OUT_OF_MEMORY", "ExitCode": "0:125"}]
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert row["outcome"] == "oom" and row["reason"].startswith("sacct:FAILED")
+
+
+def test_node_files_decide_when_status_json_is_missing(tmp_path) -> None:
+    run_dir = write_run(tmp_path, make_config())
+    attempt = write_attempt(run_dir, 1, times=[0.5] * 2)
+    atomic_write_json(attempt / "node0.json", {"outcome": "completed"})
+    atomic_write_json(attempt / "node1.json", {"outcome": "oom", "reason": "cuda_oom",
+                                               "evidence": ["torch.OutOfMemoryError: CUDA out of memory."]})
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert (row["outcome"], row["reason"], row["status_source"]) == ("oom", "cuda_oom", "node-files")
+    assert row["evidence"] == ["torch.OutOfMemoryError: CUDA out of memory."]
+
+
+def test_collect_is_incremental_and_idempotent(tmp_path) -> None:
+    configs = [make_config(dp=8), make_config(dp=4, mbs=2), make_config(dp=2, mbs=4)]
+    attempts = []
+    for config in configs:
+        run_dir = write_run(tmp_path, config)
+        attempts.append(write_attempt(run_dir, 1, times=[0.5] * 10, summary=SUMMARY,
+                                      status=completed_status(config.run_id)))
+    first = collect_sweep(tmp_path)
+    assert (first.computed, first.reused) == (3, 0)
+    second = collect_sweep(tmp_path, previous=first.table)
+    assert (second.computed, second.reused) == (0, 3)
+    assert second.table.equals(first.table)
+    with open(attempts[1] / METRICS_FILE, "a") as handle:
+        handle.write(json.dumps(step_record(11, 0.4, 131072)) + "\n")
+    third = collect_sweep(tmp_path, previous=second.table)
+    assert (third.computed, third.reused) == (1, 2)
+    assert third.table.column("run_id").to_pylist() == sorted(c.run_id for c in configs)
+
+
+def test_sweep_collect_command_writes_runs_parquet(tmp_path, capsys) -> None:
+    config = make_config()
+    write_attempt(write_run(tmp_path, config), 1, times=[0.5] * 10, summary=SUMMARY,
+                  status=completed_status(config.run_id))
+    assert main(["collect", str(tmp_path)]) == 0
+    table = read_runs(tmp_path / "runs.parquet")
+    assert table is not None and table.num_rows == 1
+    assert "1 attempt" in capsys.readouterr().out
+    assert main(["collect", str(tmp_path)]) == 0  # again: reused, same file content
+    assert pq.read_table(tmp_path / "runs.parquet").equals(table)
+    assert main(["collect", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
