@@ -1,0 +1,120 @@
+"""Training progress as the watchdog sees it: new step records in the attempt folder.
+
+Progress is run-wide: every node's watchdog reads the shared attempt folder, that is rank 0's
+`metrics.jsonl` (built-in workload) and every node's `logs/node<k>.out/.err` through the
+framework's step parser. A node whose own ranks print nothing (Megatron logs from the last
+rank, torchtitan from rank 0) therefore still sees the run advance. Files are read
+incrementally, so one poll costs a few stat calls when nothing changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sweep.state import METRICS_FILE
+
+LOGS_DIR = "logs"
+StepMatcher = Callable[[str], object | None]  # a line -> a record with `.step`, or None
+
+
+@dataclass
+class FileTail:
+    """New complete lines of a growing file; a partial last line waits for its newline."""
+
+    path: Path
+    offset: int = 0
+    partial: bytes = b""
+
+    def read_lines(self, max_bytes: int = 8 << 20) -> list[str]:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:  # truncated or replaced: start again
+            self.offset, self.partial = 0, b""
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read(max_bytes)
+        self.offset += len(chunk)
+        data = self.partial + chunk
+        *lines, self.partial = data.split(b"\n")
+        return [line.decode(errors="replace") for line in lines]
+
+
+@dataclass
+class Progress:
+    """The run's progress so far; `last_progress` is on the monotonic clock."""
+
+    attempt_dir: Path
+    match_step: StepMatcher | None = None
+    steps_seen: int = 0
+    last_step: int | None = None
+    last_progress: float | None = None
+    summary: dict[str, object] | None = None
+    _tails: dict[Path, FileTail] = field(default_factory=dict)
+
+    def poll(self) -> int:
+        """Read what is new; returns how many step records appeared."""
+        new_steps: list[int] = []
+        for record in self._records(self.attempt_dir / METRICS_FILE):
+            if record.get("kind") == "step" and isinstance(record.get("step"), int):
+                new_steps.append(record["step"])
+            elif record.get("kind") == "summary":
+                self.summary = record
+        if self.match_step is not None:
+            for path in self._log_files():
+                for line in self._tail(path).read_lines():
+                    step = getattr(self.match_step(line), "step", None)
+                    if isinstance(step, int):
+                        new_steps.append(step)
+        if new_steps:
+            self.steps_seen += len(new_steps)
+            self.last_step = max(new_steps + ([self.last_step] if self.last_step is not None else []))
+            self.last_progress = time.monotonic()
+        return len(new_steps)
+
+    def _tail(self, path: Path) -> FileTail:
+        if path not in self._tails:
+            self._tails[path] = FileTail(path)
+        return self._tails[path]
+
+    def _records(self, path: Path) -> list[dict[str, object]]:
+        records = []
+        for line in self._tail(path).read_lines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    def _log_files(self) -> list[Path]:
+        try:
+            names = os.listdir(self.attempt_dir / LOGS_DIR)
+        except FileNotFoundError:
+            return []
+        return [self.attempt_dir / LOGS_DIR / n for n in sorted(names)
+                if n.endswith((".out", ".err"))]
+
+
+def read_tail(path: Path, max_bytes: int = 256 << 10) -> str:
+    """The last `max_bytes` of a file (from a line start), or "" when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - max_bytes))
+            data = handle.read()
+    except FileNotFoundError:
+        return ""
+    if size > max_bytes:
+        data = data.partition(b"\n")[2]
+    return data.decode(errors="replace")

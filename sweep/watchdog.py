@@ -1,0 +1,356 @@
+"""The in-job supervisor: one per node, between srun and the launcher.
+
+`python -m sweep.watchdog --run-dir R --attempt-dir A -- <launcher argv...>`
+
+It cleans the node, starts the launcher in its own session with the run's tag in its
+environment, and watches progress. No first step within `startup_timeout_s`, or no new step
+within `hang_timeout_s`, is a hang. On a hang, on Slurm's USR1 (sent `signal_before_s` before
+the time limit) or on TERM/INT, it stops the whole run: SIGTERM, a grace period, SIGKILL, then
+the processes that escaped the session, found by their tag. It classifies the outcome from
+evidence, writes `node<k>.json`, and on node 0 writes the run's `status.json`, last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep import cleanup, proctree
+from sweep.progress import LOGS_DIR, Progress, StepMatcher, read_tail
+from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json
+from sweep.verdict import classify_node, merge_nodes, node_file, wait_for_node_files
+
+EVENTS_FILE = "watchdog.jsonl"
+PROGRESS_EVENT_EVERY_S = 60.0
+_SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM", signal.SIGINT: "INT"}
+
+
+class WatchdogError(Exception):
+    """Bad input to the watchdog; the message names the file, the field and the fix."""
+
+
+@dataclass(frozen=True)
+class WatchdogConfig:
+    run_dir: Path
+    attempt_dir: Path
+    command: tuple[str, ...]
+    run_id: str
+    attempt: int
+    framework: str
+    node_index: int = 0
+    nnodes: int = 1
+    node_name: str = field(default_factory=socket.gethostname)
+    slurm_job_id: str | None = None
+    startup_timeout_s: float = 600.0
+    hang_timeout_s: float = 300.0
+    grace_s: float = 10.0  # after a hang or USR1: Slurm still gives us signal_before_s
+    signal_grace_s: float = 3.0  # after TERM: Slurm sends KILL after KillWait (5-30 s)
+    poll_s: float = 0.5
+    node_wait_s: float = 30.0  # node 0 waits this long for the other nodes' files
+    clean: bool = True
+    shm_dir: Path = Path("/dev/shm")
+    tmp_dir: Path = Path("/tmp")
+    debris_min_age_s: float = 60.0
+
+    @property
+    def tag(self) -> str:
+        return f"{self.run_id}/{self.attempt}"
+
+
+def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
+                environ: dict[str, str] | None = None, **overrides: Any) -> WatchdogConfig:
+    """The configuration of one node's watchdog: run.json, the attempt folder, Slurm's variables."""
+    from sweep import runconfig
+
+    env = dict(os.environ if environ is None else environ)
+    if not command:
+        raise WatchdogError("no launcher command: put it after `--`, e.g. "
+                            "`python -m sweep.watchdog --run-dir R --attempt-dir A -- bash launch.sh`")
+    try:
+        run = runconfig.load(run_dir)
+    except FileNotFoundError:
+        raise WatchdogError(f"{run_dir}/run.json not found: --run-dir must be a rendered run "
+                            f"directory (`sweep render` writes it)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise WatchdogError(f"{run_dir}/run.json is not a valid run file ({exc}); "
+                            f"render the run again") from None
+    settings = run.settings
+    timeouts = {}
+    for key in ("startup_timeout_s", "hang_timeout_s"):
+        value = settings.get(key, WatchdogConfig.__dataclass_fields__[key].default)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise WatchdogError(f"{run_dir}/run.json: settings.{key} = {value!r} must be a "
+                                f"positive number of seconds; fix it in the spec and render again")
+        timeouts[key] = float(value)
+    attempt_text = env.get(proctree.ATTEMPT_ENV) or attempt_dir.name
+    if not attempt_text.isdigit():
+        raise WatchdogError(f"cannot tell the attempt number: {proctree.ATTEMPT_ENV} is unset and "
+                            f"the attempt folder {attempt_dir} is not named attempts/<n>")
+
+    def env_int(name: str, default: int) -> int:
+        text = env.get(name, "")
+        if not text:
+            return default
+        if not text.isdigit():
+            raise WatchdogError(f"environment variable {name}={text!r} is not a whole number")
+        return int(text)
+
+    return WatchdogConfig(
+        run_dir=run_dir, attempt_dir=attempt_dir, command=tuple(command), run_id=run.run_id,
+        attempt=int(attempt_text), framework=run.framework,
+        node_index=env_int("SLURM_NODEID", 0), nnodes=env_int("SLURM_NNODES", run.nodes),
+        node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
+        slurm_job_id=env.get("SLURM_JOB_ID") or None, **timeouts, **overrides)
+
+
+def _step_matcher(framework: str) -> StepMatcher | None:
+    """Step lines of the framework's logs; the built-in workload is read from metrics.jsonl."""
+    if framework == "builtin":
+        return None
+    from sweep.logs import get_parser
+
+    parser = get_parser(framework)
+
+    def match(line: str) -> object | None:
+        try:
+            return parser.match_step(line)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return None
+
+    return match
+
+
+def _cgroup_oom_kills() -> int | None:
+    """The oom_kill counter of our memory cgroup (v1 or v2); Slurm puts each step in one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "memory":
+            candidates = [Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"]
+        elif controllers == "":
+            candidates = [Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"]
+        else:
+            continue
+        for candidate in candidates:
+            try:
+                for entry in candidate.read_text().splitlines():
+                    key, _, value = entry.partition(" ")
+                    if key == "oom_kill" and value.strip().isdigit():
+                        return int(value)
+            except OSError:
+                continue
+    return None
+
+
+def _exit_code(wait_status: int) -> int:
+    """Popen's convention: the exit code, or minus the signal number."""
+    return os.waitstatus_to_exitcode(wait_status)
+
+
+class Watchdog:
+    """One supervision: clean, launch, watch, stop, classify, write."""
+
+    def __init__(self, config: WatchdogConfig) -> None:
+        self.config = config
+        self.logs = config.attempt_dir / LOGS_DIR
+        self.signals: list[tuple[str, float]] = []
+        self.launcher: subprocess.Popen[bytes] | None = None
+        self.exit_code: int | None = None
+        self.orphans_reaped = 0
+        self.progress = Progress(config.attempt_dir, _step_matcher(config.framework))
+
+    # -- events -------------------------------------------------------------------------
+    def event(self, kind: str, **fields: Any) -> None:
+        record = {"time": time.time(), "event": kind, "node": self.config.node_index, **fields}
+        append_jsonl(self.config.attempt_dir / EVENTS_FILE, record)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.signals.append((_SIGNALS.get(signum, str(signum)), time.time()))
+
+    def _collect(self, statuses: dict[int, int]) -> None:
+        for pid, status in statuses.items():
+            if self.launcher is not None and pid == self.launcher.pid:
+                self.exit_code = _exit_code(status)
+                self.launcher.returncode = self.exit_code  # we reaped it, not Popen
+            else:
+                self.orphans_reaped += 1
+
+    # -- phases -------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.config
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for signum in _SIGNALS:
+            signal.signal(signum, self._on_signal)
+        subreaper = proctree.become_subreaper()
+        me = proctree.owner_marker()
+        if cfg.clean:
+            report = cleanup.prelaunch_clean(me=me, shm_dir=cfg.shm_dir, tmp_dir=cfg.tmp_dir,
+                                             min_age_s=cfg.debris_min_age_s)
+            self.event("prelaunch_clean", **report.to_json())
+        oom_before = _cgroup_oom_kills()
+        started_at = time.time()
+        launch_error = self._launch(me)
+        self.event("launch", command=list(cfg.command), tag=cfg.tag, owner=me,
+                   pid=self.launcher.pid if self.launcher else None, error=launch_error,
+                   subreaper=subreaper, startup_timeout_s=cfg.startup_timeout_s,
+                   hang_timeout_s=cfg.hang_timeout_s)
+        hang = None if launch_error else self._watch()
+        stop_at = time.time()
+        stop = proctree.stop_run(
+            sid=self.launcher.pid if self.launcher else None, owner=me,
+            grace_s=cfg.signal_grace_s if self._signal_names() - {"USR1"} else cfg.grace_s,
+            on_reap=self._collect)
+        self.event("stopped", **stop.to_json(), exit_code=self.exit_code,
+                   orphans_reaped=self.orphans_reaped)
+        self.progress.poll()  # what the run wrote while it went down
+        oom_after = _cgroup_oom_kills()
+        evidence = {
+            "exit_code": self.exit_code, "launch_error": launch_error,
+            "signals": [name for name, _ in self.signals], "hang": hang,
+            "last_step": self.progress.last_step, "steps_seen": self.progress.steps_seen,
+            "stdout_tail": read_tail(self.logs / f"node{cfg.node_index}.out"),
+            "stderr_tail": read_tail(self.logs / f"node{cfg.node_index}.err"),
+            "cgroup_oom_kills": (oom_after - oom_before
+                                 if oom_after is not None and oom_before is not None else None),
+            "framework": cfg.framework,
+        }
+        verdict = classify_node(evidence)
+        record = self._node_record(verdict, evidence, started_at, stop_at, stop.to_json())
+        atomic_write_json(node_file(cfg.attempt_dir, cfg.node_index), record)
+        self.event("node_verdict", outcome=record["outcome"], reason=record["reason"],
+                   rule=record["rule"])
+        if cfg.node_index == 0:
+            others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, cfg.node_wait_s)
+            status = merge_nodes(record, others, cfg.nnodes)
+            atomic_write_json(cfg.attempt_dir / STATUS_FILE, status)
+            self.event("status", outcome=status["outcome"], reason=status["reason"],
+                       missing_nodes=status.get("missing_nodes", []))
+        usage = os.times()
+        self.event("exit", cpu_self_s=usage.user + usage.system,
+                   survivors=stop.survivors)
+        if hang is not None:
+            return 1
+        if self.exit_code is None:
+            return 127 if launch_error else 1
+        return self.exit_code if self.exit_code >= 0 else 128 - self.exit_code
+
+    def _launch(self, me: str) -> str | None:
+        cfg = self.config
+        env = dict(os.environ)
+        env.update({proctree.TAG_ENV: cfg.tag, proctree.RUN_ID_ENV: cfg.run_id,
+                    proctree.ATTEMPT_ENV: str(cfg.attempt), proctree.OWNER_ENV: me,
+                    "SWEEP_RUN_DIR": str(cfg.run_dir), "SWEEP_ATTEMPT_DIR": str(cfg.attempt_dir)})
+        out_path = self.logs / f"node{cfg.node_index}.out"
+        err_path = self.logs / f"node{cfg.node_index}.err"
+        with open(out_path, "ab") as out, open(err_path, "ab") as err:
+            try:
+                self.launcher = subprocess.Popen(list(cfg.command), stdin=subprocess.DEVNULL,
+                                                 stdout=out, stderr=err, env=env,
+                                                 start_new_session=True)
+            except OSError as exc:
+                message = f"cannot start the launcher {cfg.command[0]!r}: {exc.strerror or exc}"
+                err.write((message + "\n").encode())
+                return message
+        return None
+
+    def _signal_names(self) -> set[str]:
+        return {name for name, _ in self.signals}
+
+    def _watch(self) -> dict[str, Any] | None:
+        """Poll until the launcher exits, a signal arrives, or progress stops; the hang, if any."""
+        cfg = self.config
+        launched = time.monotonic()
+        last_event = 0.0
+        while True:
+            self._collect(proctree.reap())
+            before = self.progress.steps_seen
+            if self.progress.poll():
+                now = time.monotonic()
+                if before == 0 or now - last_event >= PROGRESS_EVENT_EVERY_S:
+                    self.event("progress", last_step=self.progress.last_step,
+                               steps_seen=self.progress.steps_seen)
+                    last_event = now
+            if self.exit_code is not None:
+                self.event("launcher_exited", exit_code=self.exit_code)
+                return None
+            if self.signals:
+                name, at = self.signals[0]
+                self.event("signal", signal=name, received_at=at)
+                return None
+            now = time.monotonic()
+            if self.progress.last_progress is None:
+                idle, limit, phase = now - launched, cfg.startup_timeout_s, "startup"
+            else:
+                idle, limit, phase = now - self.progress.last_progress, cfg.hang_timeout_s, "step"
+            if idle > limit:
+                hang = {"phase": phase, "timeout_s": limit, "idle_s": round(idle, 3),
+                        "last_step": self.progress.last_step}
+                self.event("hang", **hang)
+                return hang
+            time.sleep(cfg.poll_s)
+
+    def _node_record(self, verdict: dict[str, Any], evidence: dict[str, Any], started_at: float,
+                     stop_at: float, stop: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "run_id": cfg.run_id, "attempt": cfg.attempt, "outcome": verdict["outcome"],
+            "reason": verdict["reason"], "rule": verdict["rule"],
+            "evidence": list(verdict["evidence"]), "last_step": self.progress.last_step,
+            "exit_codes": {f"node{cfg.node_index}": self.exit_code},
+            "signals": evidence["signals"], "started_at": started_at, "ended_at": time.time(),
+            "node": cfg.node_name, "node_index": cfg.node_index, "nodes": [cfg.node_name],
+            "slurm_job_id": cfg.slurm_job_id, "hostname": socket.gethostname(),
+            "writer": "watchdog", "cause_at": stop_at, "hang": evidence["hang"],
+            "cgroup_oom_kills": evidence["cgroup_oom_kills"], "stop": stop,
+        }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sweep.watchdog", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run directory (holds run.json)")
+    parser.add_argument("--attempt-dir", type=Path, required=True, help="attempts/<n> of the run")
+    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM -> SIGKILL after a hang or USR1")
+    parser.add_argument("--signal-grace-s", type=float, default=3.0, help="SIGTERM -> SIGKILL after TERM/INT")
+    parser.add_argument("--poll-s", type=float, default=0.5, help="how often progress is checked")
+    parser.add_argument("--node-wait-s", type=float, default=30.0,
+                        help="how long node 0 waits for the other nodes' verdicts")
+    parser.add_argument("--no-clean", action="store_true", help="skip the pre-launch clean-up")
+    parser.add_argument("--shm-dir", type=Path, default=Path("/dev/shm"), help=argparse.SUPPRESS)
+    parser.add_argument("--tmp-dir", type=Path, default=Path("/tmp"), help=argparse.SUPPRESS)
+    parser.add_argument("--debris-min-age-s", type=float, default=60.0, help=argparse.SUPPRESS)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the launcher's argv")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    for name in ("grace_s", "signal_grace_s", "poll_s", "node_wait_s", "debris_min_age_s"):
+        if getattr(args, name) < 0:
+            print(f"watchdog: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
+            return 2
+    try:
+        config = load_config(
+            args.run_dir.resolve(), args.attempt_dir.resolve(), command,
+            grace_s=args.grace_s, signal_grace_s=args.signal_grace_s, poll_s=args.poll_s,
+            node_wait_s=args.node_wait_s, clean=not args.no_clean, shm_dir=args.shm_dir,
+            tmp_dir=args.tmp_dir, debris_min_age_s=args.debris_min_age_s)
+    except WatchdogError as exc:
+        print(f"watchdog: {exc}", file=sys.stderr)
+        return 2
+    return Watchdog(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
