@@ -1,0 +1,366 @@
+"""The configuration space: every parallel layout of every (model, node count), and why it is pruned.
+
+For each (model, nodes) the planner takes every factorisation dp·tp·pp·cp·ep = GPUs that the
+axes allow, crosses it with the micro-batch sizes, ZeRO stages, recomputation modes, sequence
+parallelism and pipeline schedules, and derives grad_acc from the global batch. Batch semantics
+are the layout's (`sweep.layout`): sequences per step = dp·ep·mbs·grad_acc, because context
+parallelism splits each sequence over cp ranks instead of adding a replica.
+
+Every candidate stays in the plan. `PRUNE_RULES` run in their fixed order and a candidate's
+status is `kept` or `pruned:<first rule it fails>`. Everything is vectorised with numpy: a rule is
+one boolean expression over whole columns, so a million candidates take about a second.
+
+Two choices keep the plan free of duplicate runs: at tp = 1 sequence parallelism changes
+nothing, so such a layout appears once (sp = True when the axis allows it); at pp = 1 the
+pipeline schedule changes nothing, so it appears once (the first schedule listed, vpp = 1).
+The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
+
+Pure: no I/O. The memory rule calls `sweep.memory.estimate_columns`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from sweep import memory
+from sweep.layout import Layout
+from sweep.model import ModelShape
+from sweep.runconfig import RunConfig
+from sweep.spec import Spec
+
+
+@dataclass(frozen=True)
+class PruneRule:
+    name: str
+    why: str
+
+
+PRUNE_RULES: Final = (
+    PruneRule("tp_heads", "tp must divide the attention heads and the KV heads (no framework "
+                          "here replicates KV heads across TP ranks)"),
+    PruneRule("ep_experts", "ep > 1 needs a mixture-of-experts model whose expert count ep "
+                            "divides"),
+    PruneRule("cp_seq", "context parallelism splits the sequence into 2·cp load-balanced "
+                        "chunks, so 2·cp must divide seq_len"),
+    PruneRule("pp_layers", "every pipeline stage must get at least one block, counted as the "
+                           "framework places them (see `pipeline_fits`)"),
+    PruneRule("batch", "the global batch must split into dp·ep replicas × mbs × an integer "
+                       "grad_acc"),
+    PruneRule("pp_grad_acc", "1F1B needs grad_acc >= pp − 1 micro-batches (nanotron asserts "
+                             "it); interleaved 1F1B needs grad_acc to be a multiple of pp"),
+    PruneRule("tp_across_nodes", "a TP group must fit inside one node unless the spec sets "
+                                 "constraints.allow_tp_across_nodes"),
+    PruneRule("max_tp", "tp above constraints.max_tp (default: GPUs per node)"),
+    PruneRule("max_pp", "pp above constraints.max_pp"),
+    PruneRule("max_mbs", "micro-batch size above constraints.max_mbs"),
+    PruneRule("memory", "the memory model's total for the most loaded GPU exceeds its memory "
+                        "× (1 − constraints.memory_headroom)"),
+)
+RULE_NAMES: Final = tuple(rule.name for rule in PRUNE_RULES)
+KEPT: Final = "kept"
+STATUSES: Final = (KEPT, *(f"pruned:{name}" for name in RULE_NAMES))
+INTERLEAVED_VPP: Final = 2
+LAYOUT_INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
+
+
+class PlanError(ValueError):
+    """The spec is valid YAML but no plan can be made from it: names the field and the fix."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+        super().__init__(f"{field}: {message}")
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What the rules need besides the candidate columns: one model on one hardware setup."""
+
+    model: ModelShape
+    framework: str
+    gpus_per_node: int
+    seq_len: int
+    global_batch_sequences: int
+    dtype: str = "bf16"
+    max_tp: int = 8
+    max_pp: int | None = None
+    max_mbs: int = 64
+    allow_tp_across_nodes: bool = False
+    memory_budget_bytes: int | None = None  # None: no memory rule (no fixed ceiling)
+
+    @classmethod
+    def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
+        gpu_bytes = spec.gpu_spec.memory_bytes
+        budget = None if gpu_bytes is None else int(
+            gpu_bytes * (1.0 - spec.constraints.memory_headroom))
+        return cls(model=model, framework=spec.framework,
+                   gpus_per_node=spec.gpus_per_node_resolved, seq_len=spec.seq_len,
+                   global_batch_sequences=spec.global_batch_sequences, dtype=spec.dtype,
+                   max_tp=spec.max_tp, max_pp=spec.constraints.max_pp,
+                   max_mbs=spec.constraints.max_mbs,
+                   allow_tp_across_nodes=spec.constraints.allow_tp_across_nodes,
+                   memory_budget_bytes=budget)
+
+
+# Pipeline stage placement -----------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def pipeline_fits(model: ModelShape, stages: int, framework: str) -> bool:
+    """Whether every one of `stages` pipeline stages gets at least one block.
+
+    - nanotron places token embedding, the L decoder layers, final norm, LM head, fp32 cast and
+      loss as L + 5 pipeline blocks, and assigns them greedily by cumulative compute cost; a
+      rank left without a block crashes. `sweep.memory.stage_block_counts` replays that
+      assignment (one definition, shared with the memory model's per-stage layer count).
+    - Megatron-LM needs the layers to split evenly over the stages, optionally counting the
+      embedding and the loss as one layer each (--account-for-embedding/loss-in-pipeline-split).
+    - torchtitan weighs the embedding and the output as one layer each: stages <= L + 2.
+    - builtin (torch.distributed.pipelining, split by decoder layers): stages <= L.
+    """
+    layers = model.num_layers
+    if stages <= 1:
+        return True
+    if framework == "nanotron":
+        return min(memory.stage_block_counts(model, stages, "nanotron")) > 0
+    if framework == "megatron":
+        return stages <= layers and any((layers + extra) % stages == 0 for extra in (0, 1, 2))
+    if framework == "torchtitan":
+        return stages <= layers + 2
+    return stages <= layers
+
+
+# Rules ------------------------------------------------------------------------------------------
+
+def rule_failures(columns: Mapping[str, np.ndarray], ctx: RuleContext,
+                  skip: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Each cheap rule's failure mask (the memory rule is separate: it needs the estimate)."""
+    m = ctx.model
+    tp, pp, cp, ep, dp = (columns[k] for k in ("tp", "pp", "cp", "ep", "dp"))
+    mbs, grad_acc, vpp = columns["mbs"], columns["grad_acc"], columns["vpp"]
+    schedule = columns["pp_schedule"]
+    stages = pp * vpp
+    unique_stages = np.unique(stages)
+    fits = {int(s): pipeline_fits(m, int(s), ctx.framework) for s in unique_stages}
+    stage_ok = np.array([fits[int(s)] for s in unique_stages])[np.searchsorted(unique_stages,
+                                                                                 stages)]
+    interleaved = schedule == "interleaved_1f1b"
+    one_f_one_b = schedule == "1f1b"
+    replicas_mbs = dp * ep * mbs
+    failures = {
+        "tp_heads": (m.num_attention_heads % tp != 0) | (m.num_kv_heads % tp != 0),
+        "ep_experts": (ep > 1) & ((m.num_experts == 0) | (m.num_experts % ep != 0)),
+        "cp_seq": (cp > 1) & (ctx.seq_len % (2 * cp) != 0),
+        "pp_layers": ~stage_ok,
+        "batch": ctx.global_batch_sequences % replicas_mbs != 0,
+        "pp_grad_acc": (pp > 1) & ((one_f_one_b & (grad_acc < pp - 1))
+                                   | (interleaved & (grad_acc % pp != 0))),
+        "tp_across_nodes": np.zeros(tp.shape, bool) if ctx.allow_tp_across_nodes
+        else (tp > ctx.gpus_per_node) | (ctx.gpus_per_node % tp != 0),
+        "max_tp": tp > ctx.max_tp,
+        "max_pp": np.zeros(pp.shape, bool) if ctx.max_pp is None else pp > ctx.max_pp,
+        "max_mbs": mbs > ctx.max_mbs,
+    }
+    for name in skip:
+        failures.pop(name, None)
+    return failures
+
+
+def memory_columns(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> dict[str, np.ndarray]:
+    """The memory model's per-component bytes for these candidates (grad_acc >= 1 expected)."""
+    return memory.estimate_columns(ctx.model, columns, seq_len=ctx.seq_len, dtype=ctx.dtype,
+                                   profile=ctx.framework)
+
+
+def evaluate(columns: Mapping[str, np.ndarray], ctx: RuleContext,
+             skip: frozenset[str] = frozenset(),
+             memory_for_all: bool = False) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Apply PRUNE_RULES in order.
+
+    Returns each candidate's rule code (-1: kept, else the index in PRUNE_RULES of the first
+    rule it fails) and the memory columns. Memory is estimated for the candidates that pass
+    every earlier rule (or for all of them with `memory_for_all`); the others get -1.
+    """
+    n = len(columns["tp"])
+    code = np.full(n, -1, dtype=np.int8)
+    failures = rule_failures(columns, ctx, skip)
+    for index, name in enumerate(RULE_NAMES):
+        if name in failures:
+            code[(code == -1) & failures[name]] = index
+    wanted = np.ones(n, bool) if memory_for_all else code == -1
+    wanted &= columns["grad_acc"] >= 1
+    mem: dict[str, np.ndarray] = {}
+    if wanted.any():
+        subset = {k: v[wanted] for k, v in columns.items()}
+        for key, values in memory_columns(subset, ctx).items():
+            full = np.full(n, -1, dtype=np.int64)
+            full[wanted] = values
+            mem[key] = full
+    if ctx.memory_budget_bytes is not None and "memory" not in skip and mem:
+        over = mem["mem_total_bytes"] > ctx.memory_budget_bytes
+        code[(code == -1) & wanted & over] = RULE_NAMES.index("memory")
+    return code, mem
+
+
+# Enumeration ------------------------------------------------------------------------------------
+
+def _divisors(n: int) -> np.ndarray:
+    ks = np.arange(1, n + 1, dtype=np.int64)
+    return ks[n % ks == 0]
+
+
+def _axis(values: object, gpus: int) -> np.ndarray:
+    divisors = _divisors(gpus)
+    if values == "auto":
+        return divisors
+    return np.array([v for v in values if gpus % v == 0], dtype=np.int64)  # type: ignore[union-attr]
+
+
+def factorizations(spec: Spec, gpus: int) -> dict[str, np.ndarray]:
+    """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = gpus that the spec's axes allow."""
+    axes = spec.axes
+    grids = np.meshgrid(*(_axis(getattr(axes, k), gpus) for k in ("tp", "pp", "cp", "ep")),
+                        indexing="ij")
+    tp, pp, cp, ep = (g.ravel() for g in grids)
+    inner = tp * pp * cp * ep
+    ok = gpus % inner == 0
+    dp = np.where(ok, gpus // np.maximum(inner, 1), 0)
+    if axes.dp != "auto":
+        ok &= np.isin(dp, np.array(axes.dp, dtype=np.int64))
+    return {"dp": dp[ok], "tp": tp[ok], "pp": pp[ok], "cp": cp[ok], "ep": ep[ok]}
+
+
+def micro_batch_sizes(spec: Spec) -> np.ndarray:
+    """The mbs axis; `auto` is the powers of two up to max_mbs and the global batch."""
+    if spec.axes.mbs != "auto":
+        return np.array(spec.axes.mbs, dtype=np.int64)
+    limit = min(spec.constraints.max_mbs, spec.global_batch_sequences)
+    return 2 ** np.arange(int(np.log2(limit)) + 1, dtype=np.int64)
+
+
+def enumerate_candidates(spec: Spec, nodes: int) -> dict[str, np.ndarray]:
+    """All candidates of one node count (model-independent: the rules bring in the model)."""
+    gpus = nodes * spec.gpus_per_node_resolved
+    layouts = factorizations(spec, gpus)
+    if not len(layouts["dp"]):
+        raise PlanError("nodes", f"{nodes} node(s) × {spec.gpus_per_node_resolved} GPUs = {gpus} "
+                                 "GPUs, and no dp·tp·pp·cp·ep layout of the axes' values "
+                                 "multiplies to that; drop this node count or widen the axes")
+    sp_values = np.array(spec.axes.sp, dtype=bool)
+    schedules = np.array(spec.axes.pp_schedule)
+    recompute = np.array(spec.axes.recompute)
+    axes = [np.arange(len(layouts["dp"])), micro_batch_sizes(spec),
+            np.array(spec.zero_stages, dtype=np.int64), np.arange(len(recompute)),
+            np.arange(len(sp_values)), np.arange(len(schedules))]
+    index = _cross([len(a) for a in axes])
+    f, mbs, zero, rec, sp, sched = (a[i] for a, i in zip(axes, index))
+    columns = {k: v[f] for k, v in layouts.items()}
+    columns["sp"] = sp_values[sp]
+    columns["pp_schedule"] = schedules[sched]
+    # One candidate where an axis changes nothing: tp = 1 ignores sp, pp = 1 ignores schedules.
+    sp_at_tp1 = bool(sp_values.max())
+    unique = ~(((columns["tp"] == 1) & (columns["sp"] != sp_at_tp1))
+               | ((columns["pp"] == 1) & (sched != 0)))
+    columns = {k: v[unique] for k, v in columns.items()}
+    mbs, zero, rec = mbs[unique], zero[unique], rec[unique]
+    n = len(mbs)
+    replicas = columns["dp"] * columns["ep"] * mbs
+    gbs = spec.global_batch_sequences
+    columns.update(
+        nodes=np.full(n, nodes, dtype=np.int64), gpus=np.full(n, gpus, dtype=np.int64), mbs=mbs,
+        grad_acc=np.where(gbs % replicas == 0, gbs // replicas, 0), zero_stage=zero,
+        recompute=recompute[rec],
+        vpp=np.where((columns["pp_schedule"] == "interleaved_1f1b") & (columns["pp"] > 1),
+                     INTERLEAVED_VPP, 1))
+    if not (columns["grad_acc"] > 0).any():
+        raise PlanError("global_batch", f"{gbs} sequences cannot be split over any layout of "
+                                        f"{gpus} GPUs ({nodes} node(s)): dp·ep·mbs must divide "
+                                        "it; use a global batch with more factors of two, or "
+                                        "fewer nodes")
+    return columns
+
+
+def _cross(sizes: list[int]) -> list[np.ndarray]:
+    """Index arrays of the cartesian product of ranges of these sizes (first axis slowest)."""
+    total = int(np.prod(sizes))
+    out, inner = [], total
+    for size in sizes:
+        inner //= size
+        out.append(np.tile(np.repeat(np.arange(size), inner), total // (inner * size)))
+    return out
+
+
+# The plan ---------------------------------------------------------------------------------------
+
+def plan(spec: Spec) -> pd.DataFrame:
+    """Every candidate of the spec with its status, prune rule, memory estimate and run id."""
+    parts: list[dict[str, np.ndarray]] = []
+    model_codes: list[np.ndarray] = []
+    for nodes in spec.nodes:
+        candidates = enumerate_candidates(spec, nodes)
+        for m_index, model in enumerate(spec.model_shapes):
+            code, mem = evaluate(candidates, RuleContext.from_spec(spec, model))
+            parts.append({**candidates, "code": code, **mem})
+            model_codes.append(np.full(len(code), m_index, dtype=np.int16))
+    keys = list(dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")))
+    columns: dict[str, object] = {}
+    codes = np.concatenate(model_codes)
+    columns["model"] = pd.Categorical.from_codes(
+        codes, categories=[m.name for m in spec.model_shapes])
+    for key in ("nodes", "gpus", *LAYOUT_INT_COLUMNS[:7], "zero_stage", "recompute", "sp",
+                "pp_schedule", "vpp"):
+        if key not in columns:
+            columns[key] = np.concatenate([p[key] for p in parts])
+    code = np.concatenate([p["code"] for p in parts])
+    columns["status"] = pd.Categorical.from_codes(code.astype(np.int16) + 1, categories=STATUSES)
+    columns["prune_rule"] = pd.Categorical.from_codes(code.astype(np.int16),
+                                                      categories=RULE_NAMES)
+    for key in keys:
+        values = np.concatenate([p.get(key, np.full(len(p["code"]), -1, np.int64))
+                                 for p in parts])
+        columns[key] = pd.arrays.IntegerArray(values, values < 0)
+    frame = pd.DataFrame(columns)
+    frame["recompute"] = frame["recompute"].astype("category")
+    frame["pp_schedule"] = frame["pp_schedule"].astype("category")
+    kept = code == -1
+    ids = np.full(len(frame), None, dtype=object)
+    ids[kept] = run_ids(spec, frame.loc[kept])
+    frame["run_id"] = ids
+    return frame
+
+
+def layout_of(row: Mapping[str, object]) -> Layout:
+    """The Layout of one plan row."""
+    return Layout(**{k: int(row[k]) for k in LAYOUT_INT_COLUMNS},  # type: ignore[call-overload]
+                  recompute=str(row["recompute"]), sp=bool(row["sp"]),
+                  pp_schedule=str(row["pp_schedule"]))
+
+
+def run_config(spec: Spec, row: Mapping[str, object], *, with_settings: bool = True) -> RunConfig:
+    """The RunConfig of one plan row; render and plan share it, so run ids agree."""
+    model = next(m for m in spec.model_shapes if m.name == str(row["model"]))
+    settings: dict[str, object] = {}
+    if with_settings:
+        selector = {k: _plain(row[k]) for k in ("model", "nodes", *LAYOUT_INT_COLUMNS[:8],
+                                                  "recompute", "sp", "pp_schedule")}
+        settings = spec.run_settings_for(selector).model_dump(mode="json")
+    return RunConfig(sweep=spec.name, framework=spec.framework, model=model,
+                     layout=layout_of(row), nodes=int(row["nodes"]),  # type: ignore[call-overload]
+                     gpus_per_node=spec.gpus_per_node_resolved, gpu=spec.gpu, dtype=spec.dtype,
+                     seq_len=spec.seq_len, global_batch_sequences=spec.global_batch_sequences,
+                     settings=settings, spec_hash=spec.spec_hash() if with_settings else "")
+
+
+def run_ids(spec: Spec, rows: pd.DataFrame) -> list[str]:
+    """Run ids of plan rows, through RunConfig (the one definition of a run's identity)."""
+    records = rows[["model", "nodes", *LAYOUT_INT_COLUMNS, "recompute", "sp",
+                    "pp_schedule"]].astype(object).to_dict("records")
+    return [run_config(spec, r, with_settings=False).run_id for r in records]
+
+
+def _plain(value: object) -> object:
+    return value.item() if isinstance(value, np.generic) else value
