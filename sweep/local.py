@@ -1,0 +1,361 @@
+"""The embedded backend: run rendered jobs on this machine, the way Slurm would run them.
+
+Each run's own `job.sbatch` runs under bash with Slurm's batch environment emulated
+(SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_NNODES, SLURM_NODEID=0, SLURMD_NODENAME, ...) and with
+stand-ins for `srun` and `scontrol` first on PATH (sweep/shims): `srun` starts one task per
+emulated node, so a two-node job gets two watchdogs, as on a cluster. The #SBATCH lines are
+honoured where they matter here: --nodes, --output/--error, --time (TIMEOUT, then TERM and KILL
+after KillWait) and --signal=B:USR1@s. Emulated nodes are loopback addresses (127.0.0.k), so
+MASTER_ADDR, taken from the node list, resolves and every node name is distinct.
+
+Concurrency is capped by CPU slots: a job needs nodes x ranks-per-node slots; a job larger
+than the machine runs alone. A job ends with an accounting record, `local_sacct.json` in its
+attempt folder (what sacct would say: state, exit code, times), because a job killed at its
+time limit writes no status.json.
+
+submitit's LocalExecutor was not used: it runs pickled Python callables, while the point here
+is to run the very bash script a cluster runs, with Slurm's environment and signals.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+import sweep
+from sweep.runconfig import load as load_run
+from sweep.spec import TIME_PATTERN
+from sweep.state import STATUS_FILE, atomic_write_json, new_attempt_dir, read_json
+
+ACCOUNTING_FILE = "local_sacct.json"
+JOB_FILE = "job.sbatch"
+DEFAULT_KILL_WAIT_S = 5.0
+_SHIMS = {"srun": "sweep.shims.srun", "scontrol": "sweep.shims.scontrol"}
+
+
+# Pure helpers -----------------------------------------------------------------------------
+
+def parse_directives(script: str) -> dict[str, str]:
+    """The #SBATCH options of a script (up to its first command), as sbatch reads them."""
+    options: dict[str, str] = {}
+    for line in script.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        if not stripped.startswith("#SBATCH"):
+            continue
+        for word in shlex.split(stripped[len("#SBATCH"):], comments=True):
+            name, _, value = word.lstrip("-").partition("=")
+            options[name] = value
+    return options
+
+
+def slurm_seconds(text: str) -> int:
+    """Slurm's --time (minutes, [D-]HH:MM:SS) in seconds."""
+    match = TIME_PATTERN.match(text)
+    if match is None:
+        raise ValueError(f"--time={text!r} is not a Slurm time")
+    if match.group(5):
+        return int(match.group(5)) * 60
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def parse_signal(text: str) -> tuple[bool, int, int]:
+    """--signal=[B:]SIG[@seconds] → (batch shell only, signal number, seconds before the end)."""
+    match = re.fullmatch(r"(B:)?(?:SIG)?([A-Z0-9]+)(?:@(\d+))?", text)
+    if match is None:
+        raise ValueError(f"--signal={text!r} is not understood")
+    name = match.group(2)
+    number = int(name) if name.isdigit() else int(signal.Signals[f"SIG{name}"])
+    return bool(match.group(1)), number, int(match.group(3) or 60)
+
+
+def emulated_nodes(count: int) -> list[str]:
+    return [f"127.0.0.{k}" for k in range(1, count + 1)]
+
+
+def filename_pattern(pattern: str, job_id: int, job_name: str, node: str) -> str:
+    """sbatch's %j/%x/%N/%% substitutions."""
+    table = {"j": str(job_id), "J": str(job_id), "A": str(job_id), "a": "4294967294",
+             "x": job_name, "N": node, "%": "%"}
+    return re.sub(r"%([jJAaxN%])", lambda m: table[m.group(1)], pattern)
+
+
+def accounting_state(returncode: int, timed_out: bool, cancelled: bool) -> tuple[str, str]:
+    """(State, ExitCode "code:signal") as sacct reports a batch job."""
+    signum = -returncode if returncode < 0 else 0
+    code = returncode if returncode > 0 else 0
+    if timed_out:
+        return "TIMEOUT", f"0:{signum or int(signal.SIGTERM)}"
+    if cancelled:
+        return "CANCELLED", f"0:{signum or int(signal.SIGTERM)}"
+    return ("COMPLETED" if returncode == 0 else "FAILED"), f"{code}:{signum}"
+
+
+def write_shims(directory: Path, python: str = sys.executable) -> Path:
+    """Executables `srun` and `scontrol` in `directory` that run the shims with `python`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, module in _SHIMS.items():
+        path = directory / name
+        path.write_text(f"#!/bin/sh\nexec {shlex.quote(python)} -m {module} \"$@\"\n")
+        path.chmod(0o755)
+    return directory
+
+
+# Jobs -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LocalResult:
+    run_id: str
+    run_dir: Path
+    attempt_dir: Path
+    job_id: int
+    state: str  # sacct's: COMPLETED, FAILED, TIMEOUT, CANCELLED
+    exit_code: str
+    elapsed_s: float
+    outcome: str | None  # status.json's outcome, when the watchdog wrote one
+
+
+@dataclass
+class _Job:
+    run_dir: Path
+    run_id: str
+    slots: int
+    job_id: int = 0
+    attempt_dir: Path = Path()
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    time_limit_s: float = float("inf")
+    signal_at: float = float("inf")
+    signal_number: int = int(signal.SIGUSR1)
+    nodes: list[str] = field(default_factory=list)
+    files: list[IO[bytes]] = field(default_factory=list)
+    seen: dict[int, float] = field(default_factory=dict)  # descendant pid → create time
+    timed_out: bool = False
+    cancelled: bool = False
+    kill_at: float | None = None
+
+
+class LocalBackend:
+    """Runs run folders' job.sbatch scripts with Slurm emulated, `slots` CPU slots at a time."""
+
+    def __init__(self, slots: int | None = None, *, kill_wait_s: float = DEFAULT_KILL_WAIT_S,
+                 poll_s: float = 0.2, on_start: Callable[[Path, int], None] | None = None,
+                 on_finish: Callable[[LocalResult], None] | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.slots = slots or os.cpu_count() or 1
+        self.kill_wait_s = kill_wait_s
+        self.poll_s = poll_s
+        self.on_start, self.on_finish = on_start, on_finish
+        self.extra_env = dict(extra_env or {})
+        self._next_id = random.randint(1, 5_000_000)
+
+    def run(self, run_dirs: Iterable[str | Path]) -> list[LocalResult]:
+        """Run every job to its end; results in completion order. Ctrl-C cancels the rest
+        (TERM, KillWait, KILL), as scancel would, and re-raises."""
+        queue = [self._job(Path(d)) for d in run_dirs]
+        running: list[_Job] = []
+        results: list[LocalResult] = []
+        with tempfile.TemporaryDirectory(prefix="sweep-local-") as tmp:
+            shims = write_shims(Path(tmp) / "bin")
+            try:
+                while queue or running:
+                    used = sum(job.slots for job in running)
+                    while queue and (not running or used + queue[0].slots <= self.slots):
+                        job = queue.pop(0)
+                        self._start(job, shims)
+                        running.append(job)
+                        used += job.slots
+                    time.sleep(self.poll_s)
+                    for job in list(running):
+                        if self._tick(job):
+                            running.remove(job)
+                            results.append(self._finish(job))
+            except BaseException:
+                for job in running:
+                    job.cancelled = True
+                    self._terminate(job)
+                deadline = time.monotonic() + self.kill_wait_s
+                while any(j.process and j.process.poll() is None for j in running) \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                for job in running:
+                    self._kill(job)
+                    results.append(self._finish(job))
+                raise
+        return results
+
+    # --- one job ---
+
+    def _job(self, run_dir: Path) -> _Job:
+        script = run_dir / JOB_FILE
+        if not script.is_file():
+            raise FileNotFoundError(f"{script} does not exist; run `sweep render` first")
+        config = load_run(run_dir)
+        return _Job(run_dir=run_dir.resolve(), run_id=config.run_id,
+                    slots=config.nodes * config.gpus_per_node)
+
+    def _start(self, job: _Job, shims: Path) -> None:
+        script = job.run_dir / JOB_FILE
+        options = parse_directives(script.read_text(encoding="utf-8"))
+        nodes = int(options.get("nodes", "1").split("-")[0])
+        job.job_id, self._next_id = self._next_id, self._next_id + 1
+        job.nodes = emulated_nodes(nodes)
+        job.attempt_dir = new_attempt_dir(job.run_dir)
+        name = options.get("job-name", JOB_FILE)
+        out = Path(filename_pattern(options.get("output", str(job.attempt_dir / "slurm-%j.out")),
+                                    job.job_id, name, job.nodes[0]))
+        err = Path(filename_pattern(options["error"], job.job_id, name, job.nodes[0])) \
+            if "error" in options else out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        err.parent.mkdir(parents=True, exist_ok=True)
+        job.files = [open(out, "ab")]
+        job.files.append(open(err, "ab") if err != out else job.files[0])
+        job.started = time.monotonic()
+        if "time" in options:
+            job.time_limit_s = slurm_seconds(options["time"])
+            if "signal" in options:
+                _, job.signal_number, before = parse_signal(options["signal"])
+                job.signal_at = max(0.0, job.time_limit_s - before)
+        job.process = subprocess.Popen(
+            ["bash", str(script)], cwd=job.run_dir, stdin=subprocess.DEVNULL,
+            stdout=job.files[0], stderr=job.files[1], start_new_session=True,
+            env=self._environment(job, name, shims))
+        if self.on_start:
+            self.on_start(job.run_dir, job.job_id)
+
+    def _environment(self, job: _Job, name: str, shims: Path) -> dict[str, str]:
+        env = dict(os.environ)
+        package_parent = str(Path(sweep.__file__).resolve().parent.parent)
+        env["PATH"] = os.pathsep.join([str(shims), str(Path(sys.executable).parent),
+                                       env.get("PATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
+                                            if p)
+        nodelist = ",".join(job.nodes)
+        env.update({
+            "SLURM_JOB_ID": str(job.job_id), "SLURM_JOBID": str(job.job_id),
+            "SLURM_JOB_NAME": name, "SLURM_JOB_NODELIST": nodelist, "SLURM_NODELIST": nodelist,
+            "SLURM_JOB_NUM_NODES": str(len(job.nodes)), "SLURM_NNODES": str(len(job.nodes)),
+            "SLURM_NODEID": "0", "SLURMD_NODENAME": job.nodes[0],
+            "SLURM_SUBMIT_DIR": str(job.run_dir), "SLURM_SUBMIT_HOST": job.nodes[0],
+            "SLURM_CLUSTER_NAME": "local", "SLURM_NTASKS_PER_NODE": "1",
+            "SWEEP_RUN_DIR": str(job.run_dir), "SWEEP_ATTEMPT_DIR": str(job.attempt_dir),
+            "SWEEP_ATTEMPT": job.attempt_dir.name, "SWEEP_RUN_ID": job.run_id,
+            "SWEEP_BACKEND": "local",
+        })
+        env.update(self.extra_env)
+        return env
+
+    def _tick(self, job: _Job) -> bool:
+        """Advance one job's clock; True once its batch shell and every descendant are gone."""
+        assert job.process is not None
+        self._remember_descendants(job)
+        elapsed = time.monotonic() - job.started
+        if job.process.poll() is None:
+            if elapsed >= job.signal_at:
+                job.signal_at = float("inf")
+                _signal(job.process.pid, job.signal_number)
+            if elapsed >= job.time_limit_s and not job.timed_out:
+                job.timed_out = True
+                stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+                job.files[1].write(f"slurmstepd: error: *** JOB {job.job_id} ON {job.nodes[0]} "
+                                   f"CANCELLED AT {stamp} DUE TO TIME LIMIT ***\n".encode())
+                job.files[1].flush()
+                self._terminate(job)
+            if job.kill_at is not None and time.monotonic() >= job.kill_at:
+                self._kill(job)
+            return False
+        if job.kill_at is None:  # the batch shell is done: as Slurm's cgroup, end what is left
+            if not self._alive(job):
+                return True
+            self._terminate(job)
+        if time.monotonic() >= (job.kill_at or 0):
+            self._kill(job)
+            return True
+        return not self._alive(job)
+
+    def _remember_descendants(self, job: _Job) -> None:
+        assert job.process is not None
+        try:
+            for child in psutil.Process(job.process.pid).children(recursive=True):
+                job.seen.setdefault(child.pid, child.create_time())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+
+    def _members(self, job: _Job) -> list[psutil.Process]:
+        members = []
+        for pid, created in job.seen.items():
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
+                    members.append(process)
+            except psutil.Error:
+                continue
+        return members
+
+    def _alive(self, job: _Job) -> bool:
+        return bool(self._members(job)) or (job.process is not None
+                                              and job.process.poll() is None)
+
+    def _terminate(self, job: _Job) -> None:
+        if job.kill_at is None:
+            job.kill_at = time.monotonic() + self.kill_wait_s
+        for process in self._members(job):
+            _signal(process.pid, signal.SIGTERM)
+        if job.process and job.process.poll() is None:
+            _signal(job.process.pid, signal.SIGTERM)
+
+    def _kill(self, job: _Job) -> None:
+        for process in self._members(job):
+            _signal(process.pid, signal.SIGKILL)
+        if job.process and job.process.poll() is None:
+            _signal(job.process.pid, signal.SIGKILL)
+            job.process.wait()
+
+    def _finish(self, job: _Job) -> LocalResult:
+        assert job.process is not None
+        returncode = job.process.wait()
+        elapsed = time.monotonic() - job.started
+        for handle in {id(f): f for f in job.files}.values():
+            handle.close()
+        state, exit_code = accounting_state(returncode, job.timed_out, job.cancelled)
+        atomic_write_json(job.attempt_dir / ACCOUNTING_FILE, {
+            "JobID": str(job.job_id), "State": state, "ExitCode": exit_code,
+            "ElapsedRaw": round(elapsed, 3), "NodeList": ",".join(job.nodes),
+            "NNodes": len(job.nodes), "Timelimit_s": job.time_limit_s
+            if job.time_limit_s != float("inf") else None,
+            "End": time.time(), "backend": "local", "run_id": job.run_id})
+        status = read_json(job.attempt_dir / STATUS_FILE) or {}
+        result = LocalResult(run_id=job.run_id, run_dir=job.run_dir, attempt_dir=job.attempt_dir,
+                             job_id=job.job_id, state=state, exit_code=exit_code,
+                             elapsed_s=elapsed, outcome=status.get("outcome"))
+        if self.on_finish:
+            self.on_finish(result)
+        return result
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_local(run_dirs: Sequence[str | Path], *, slots: int | None = None,
+              **options: Any) -> list[LocalResult]:
+    """Run these rendered runs on this machine; see LocalBackend."""
+    return LocalBackend(slots, **options).run(run_dirs)

@@ -1,0 +1,258 @@
+"""Run directories from a plan: run.json, job.sbatch and the framework's launch files.
+
+Templates are Jinja with `StrictUndefined`, so a misspelt variable is an error, not an empty
+string. Every value that reaches a shell goes through the `shq` filter (shlex.quote), every
+#SBATCH value through `slurm` (a strict pattern; #SBATCH lines are not shell-parsed, so
+quoting cannot help there). A user's `templates_dir` overrides the packaged templates file by
+file. Rendering is idempotent: a file whose content would not change is not rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from sweep import space
+from sweep.cli import UserError
+from sweep.runconfig import RunConfig
+from sweep.spec import SLURM_VALUE_PATTERN, Spec
+from sweep.state import ATTEMPTS_DIR, RUN_FILE, atomic_write_text
+
+TEMPLATE_SUFFIX = ".j2"
+JOB_TEMPLATE = "job.sbatch.j2"
+JOB_FILE = "job.sbatch"
+LAUNCH_DIR = "launch"
+RUNS_DIR = "runs"
+WRITE_THREADS = 32
+_SLURM_VALUE = re.compile(SLURM_VALUE_PATTERN)
+# A run folder's path appears in #SBATCH --output, where nothing can be quoted.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+=@,-]*$")
+
+
+class RenderError(UserError):
+    """A template or input problem, located: template and line, or field and fix."""
+
+
+def packaged_templates_dir() -> Path:
+    """The templates shipped with llm-sweep: `templates/` beside the package (a checkout or an
+    editable install), or `sweep/templates/` inside an installed package."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package.parent / "templates", package / "templates"):
+        if (candidate / JOB_TEMPLATE).is_file():
+            return candidate
+    raise RenderError(f"the packaged templates are missing (looked for {JOB_TEMPLATE} in "
+                      f"{package.parent / 'templates'} and {package / 'templates'}); "
+                      "reinstall llm-sweep or set `templates_dir` in the spec")
+
+
+def shq(value: Any) -> str:
+    """Quote one value for bash (the only way a spec value may enter a script)."""
+    if isinstance(value, bool):
+        value = "true" if value else "false"
+    return shlex.quote(str(value))
+
+
+def slurm_value(value: Any) -> str:
+    """Pass a value to an #SBATCH line only if it cannot be misread there."""
+    text = str(value)
+    if not _SLURM_VALUE.match(text):
+        raise RenderError(f"{text!r} cannot appear in an #SBATCH line (allowed: "
+                          f"{SLURM_VALUE_PATTERN}); rename it or use a simpler path")
+    return text
+
+
+def make_environment(templates_dir: Path | None = None) -> jinja2.Environment:
+    """The Jinja environment: the user's templates first, then the packaged ones."""
+    search = [packaged_templates_dir()]
+    if templates_dir is not None:
+        if not templates_dir.is_dir():
+            raise RenderError(f"templates_dir: {templates_dir} is not a directory; point it at a "
+                              "folder holding job.sbatch.j2 and/or launch/<framework>.*.j2")
+        search.insert(0, templates_dir)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(p) for p in search]),
+        undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+        trim_blocks=True, lstrip_blocks=True)
+    env.filters["shq"] = shq
+    env.filters["slurm"] = slurm_value
+    env.filters["tojson"] = lambda value: json.dumps(value, sort_keys=True)
+    return env
+
+
+def launch_templates(env: jinja2.Environment, framework: str) -> list[str]:
+    """`launch/<framework>.*.j2`, packaged or the user's."""
+    prefix = f"{LAUNCH_DIR}/{framework}."
+    names = sorted(n for n in env.list_templates()
+                   if n.startswith(prefix) and n.endswith(TEMPLATE_SUFFIX))
+    if f"{prefix}sh{TEMPLATE_SUFFIX}" not in names:
+        raise RenderError(f"framework {framework!r} has no launcher template "
+                          f"{prefix}sh{TEMPLATE_SUFFIX} in the templates search path")
+    return names
+
+
+def render_template(env: jinja2.Environment, name: str, context: Mapping[str, Any]) -> str:
+    """Render one template; any error names the template and the line."""
+    try:
+        return env.get_template(name).render(context)
+    except jinja2.TemplateSyntaxError as error:
+        where = f"{error.filename or error.name or name}:{error.lineno}"
+        raise RenderError(f"{where}: template syntax error: {error.message}") from None
+    except RenderError as error:
+        raise RenderError(f"{_template_line(error, name)}: {error}") from None
+    except jinja2.TemplateError as error:
+        raise RenderError(f"{_template_line(error, name)}: {error.message or error}") from None
+
+
+def _template_line(error: BaseException, name: str) -> str:
+    """The deepest template frame of a traceback (Jinja maps its frames to template lines)."""
+    where = name
+    tb = error.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename.endswith(TEMPLATE_SUFFIX):
+            where = f"{filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+# Plan rows → run configurations (pure) -----------------------------------------------------
+
+def kept_rows(plan: Any) -> list[dict[str, Any]]:
+    """The plan's kept configurations as plain dicts (a plan without a `status` column, e.g.
+    a hand-made one, is taken as all kept)."""
+    frame = plan
+    if "status" in frame.columns:
+        frame = frame[frame["status"] == space.KEPT]
+    return [{k: _plain(v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def run_config(spec: Spec, row: Mapping[str, Any]) -> RunConfig:
+    """The resolved configuration of one plan row: the planner's (so run ids agree), plus the
+    planner's memory prediction (`mem_*` columns) as `predicted`."""
+    names = {shape.name for shape in spec.model_shapes}
+    if str(row.get("model")) not in names:
+        raise RenderError(f"plan row names model {row.get('model')!r}, which the spec does not "
+                          f"list ({sorted(names)}); re-run `sweep plan`")
+    try:
+        config = space.run_config(spec, row)
+    except KeyError as error:
+        raise RenderError(f"plan rows lack the column {error}; re-run `sweep plan`") from None
+    predicted = {k: float(v) for k, v in row.items()
+                 if k.startswith("mem_") and isinstance(v, (int, float))
+                 and not isinstance(v, bool) and v == v and v >= 0}
+    return replace(config, predicted=predicted) if predicted else config
+
+
+def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Everything a template may use (`doc` is config.to_json()). Values are raw; templates
+    quote them with `shq`."""
+    settings = config.settings
+    run_id = doc["run_id"]
+    return {
+        "run": doc,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "model": config.model,
+        "layout": config.layout,
+        "layout_label": config.layout.label(),
+        "s": settings,
+        "ranks_per_node": config.gpus_per_node,
+        "gpus_per_node": None if config.gpu == "cpu" else config.gpus_per_node,
+        "job_name": f"{config.sweep}.{run_id}",
+        "launcher": f"{config.framework}.sh",
+        "nccl_timeout_s": max(int(settings.get("startup_timeout_s", 600)),
+                              int(settings.get("hang_timeout_s", 300))),
+    }
+
+
+def render_files(env: jinja2.Environment, config: RunConfig, run_dir: Path,
+                 launch_names: list[str] | None = None) -> dict[str, str]:
+    """The text of every file of one run folder, by relative path. Pure apart from reading
+    templates."""
+    doc = config.to_json()
+    context = template_context(config, doc, run_dir)
+    files = {RUN_FILE: json.dumps(doc, indent=2, sort_keys=True) + "\n",
+             JOB_FILE: render_template(env, JOB_TEMPLATE, context)}
+    for name in launch_names or launch_templates(env, config.framework):
+        files[name.removesuffix(TEMPLATE_SUFFIX)] = render_template(env, name, context)
+    return files
+
+
+# Writing ---------------------------------------------------------------------------------
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write atomically unless the file already holds exactly this text."""
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return False
+    except (FileNotFoundError, UnicodeDecodeError):
+        pass
+    atomic_write_text(path, text)
+    return True
+
+
+def write_run(run_dir: Path, files: Mapping[str, str]) -> int:
+    """Bring one run folder to exactly these files; returns how many were (re)written."""
+    written = sum(write_if_changed(run_dir / rel, text) for rel, text in files.items())
+    launch = run_dir / LAUNCH_DIR
+    wanted = {run_dir / rel for rel in files}
+    for stale in launch.iterdir() if launch.is_dir() else ():
+        if stale.is_file() and stale not in wanted:
+            stale.unlink()
+    job = run_dir / JOB_FILE
+    if job.stat().st_mode & 0o777 != 0o755:
+        job.chmod(0o755)
+    (run_dir / ATTEMPTS_DIR).mkdir(exist_ok=True)  # Slurm's --output goes here
+    return written
+
+
+def resolve_templates_dir(spec: Spec, spec_dir: Path | None) -> Path | None:
+    if spec.templates_dir is None:
+        return None
+    path = Path(spec.templates_dir).expanduser()
+    return path if path.is_absolute() else (spec_dir or Path.cwd()) / path
+
+
+def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
+                spec_dir: Path | None = None) -> list[Path]:
+    """Write `out_dir/runs/<run_id>/` for every kept configuration; returns the run folders.
+
+    `spec_dir` anchors a relative `templates_dir` (the spec file's folder); default: cwd.
+    """
+    out = Path(out_dir).resolve()
+    if not _SAFE_PATH.match(str(out)):
+        raise RenderError(f"--out: {out} has characters that #SBATCH lines cannot carry; "
+                          "use a sweep folder whose path has only letters, digits and ._-/+=@,")
+    env = make_environment(resolve_templates_dir(spec, spec_dir))
+    launch_names = launch_templates(env, spec.framework)
+    rendered: dict[Path, dict[str, str]] = {}
+    for row in kept_rows(plan_df):
+        config = run_config(spec, row)
+        run_dir = out / RUNS_DIR / config.run_id
+        if run_dir in rendered:
+            raise RenderError(f"two plan rows resolve to the same run {config.run_id} "
+                              f"(the second: {row}); the plan has duplicate rows")
+        rendered[run_dir] = render_files(env, config, run_dir, launch_names)
+    # Writes are fsync-bound; in parallel, the file system commits many of them at once.
+    with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+        list(pool.map(write_run, rendered, rendered.values()))
+    return list(rendered)
+
+
+def run_dirs_of(out_dir: str | Path) -> list[Path]:
+    """The rendered run folders of a sweep, sorted by run id."""
+    root = Path(out_dir) / RUNS_DIR
+    return sorted(p for p in root.iterdir() if (p / RUN_FILE).is_file()) if root.is_dir() else []
+

@@ -1,0 +1,178 @@
+"""The local backend runs a run folder's job.sbatch the way Slurm would: real bash, real
+processes, the srun/scontrol stand-ins on PATH, Slurm's environment, time limits and signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from sweep import local
+from sweep.render import render_runs
+from sweep.shims import hostlist, scontrol, srun
+from sweep.spec import parse_spec
+
+SPEC = """
+name: localtest
+framework: builtin
+gpu: cpu
+gpus_per_node: 2
+models: [tiny-4l]
+nodes: [1, 2]
+seq_len: 64
+global_batch: {sequences: 8}
+run: {steps: 4, warmup_steps: 1}
+"""
+
+
+def plan_row(nodes: int, mbs: int = 1) -> dict[str, object]:
+    dp = 2 * nodes
+    return {"model": "tiny-4l", "nodes": nodes, "dp": dp, "tp": 1, "pp": 1, "cp": 1, "ep": 1,
+            "mbs": mbs, "grad_acc": 8 // (dp * mbs), "zero_stage": 0, "vpp": 1,
+            "recompute": "none", "sp": False, "pp_schedule": "1f1b"}
+
+
+def run_with_script(tmp_path: Path, body: str, nodes: int = 1, mbs: int = 1,
+                    directives: str = "") -> Path:
+    """A rendered run whose job.sbatch is replaced by a small script under test."""
+    [run_dir] = render_runs(parse_spec(SPEC), pd.DataFrame([plan_row(nodes, mbs)]), tmp_path)
+    script = f"#!/bin/bash\n#SBATCH --nodes={nodes}\n{directives}set -euo pipefail\n"
+    (run_dir / "job.sbatch").write_text(script + textwrap.dedent(body))
+    return run_dir
+
+
+def accounting(result: local.LocalResult) -> dict[str, object]:
+    return json.loads((result.attempt_dir / local.ACCOUNTING_FILE).read_text())
+
+
+# Pure pieces --------------------------------------------------------------------------------
+
+def test_host_lists_expand_like_scontrol_show_hostnames() -> None:
+    assert hostlist.expand("node[1-3,7],gpu01") == ["node1", "node2", "node3", "node7", "gpu01"]
+    assert hostlist.expand("n[08-10]") == ["n08", "n09", "n10"]
+    assert hostlist.expand("127.0.0.1,127.0.0.2") == ["127.0.0.1", "127.0.0.2"]
+    with pytest.raises(ValueError):
+        hostlist.expand("node[1-2")
+
+
+def test_sbatch_directives_stop_at_the_first_command() -> None:
+    script = "#!/bin/bash\n# comment\n#SBATCH --nodes=2\n#SBATCH --time=00:01:00 --signal=B:USR1@30\n" \
+             "echo hi\n#SBATCH --nodes=9\n"
+    assert local.parse_directives(script) == {"nodes": "2", "time": "00:01:00",
+                                              "signal": "B:USR1@30"}
+    assert local.slurm_seconds("1-00:00:05") == 86405
+    assert local.slurm_seconds("90") == 5400
+    assert local.parse_signal("B:USR1@120") == (True, int(signal.SIGUSR1), 120)
+    assert local.filename_pattern("/x/slurm-%j.%x.out", 42, "name", "n1") == "/x/slurm-42.name.out"
+
+
+def test_srun_shim_refuses_what_it_cannot_emulate() -> None:
+    env = {"SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.2", "SLURM_NNODES": "2"}
+    assert srun.parse(["--kill-on-bad-exit=1", "-N", "2", "true"], env).kill_on_bad_exit
+    with pytest.raises(srun.UsageError, match="one task per node"):
+        srun.parse(["--ntasks-per-node=2", "true"], env)
+    with pytest.raises(srun.UsageError, match="allocation has 2"):
+        srun.parse(["--nodes=3", "true"], env)
+    with pytest.raises(srun.UsageError, match="not emulated"):
+        srun.parse(["--het-group=0", "true"], env)
+
+
+def test_scontrol_shim_prints_the_node_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert scontrol.main(["show", "hostnames", "a[1-2]"]) == 0
+    assert capsys.readouterr().out.split() == ["a1", "a2"]
+    assert scontrol.main(["show", "jobs"]) == 1
+
+
+# Whole jobs ---------------------------------------------------------------------------------
+
+def test_a_two_node_job_gets_one_task_per_node_with_slurms_environment(tmp_path: Path) -> None:
+    run_dir = run_with_script(tmp_path, """
+        mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+        echo "master=${NODES[0]} job=$SLURM_JOB_ID attempt=$SWEEP_ATTEMPT_DIR"
+        srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \\
+          'echo "$SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $SLURM_NNODES" > "$SWEEP_ATTEMPT_DIR/task$SLURM_NODEID"'
+        """, nodes=2)
+    [result] = local.run_local([run_dir], slots=2)
+    assert result.state == "COMPLETED" and result.exit_code == "0:0"
+    tasks = sorted((result.attempt_dir / f"task{k}").read_text().split() for k in (0, 1))
+    assert tasks == [["0", "0", "127.0.0.1", "2"], ["1", "1", "127.0.0.2", "2"]]
+    out = (result.attempt_dir / f"slurm-{result.job_id}.out").read_text()
+    assert f"master=127.0.0.1 job={result.job_id} attempt={result.attempt_dir}" in out
+    assert result.attempt_dir == run_dir / "attempts" / "1"
+    record = accounting(result)
+    assert record["State"] == "COMPLETED" and record["NodeList"] == "127.0.0.1,127.0.0.2"
+
+
+def test_a_failing_task_stops_the_others_and_the_job_fails(tmp_path: Path) -> None:
+    run_dir = run_with_script(tmp_path, """
+        srun --kill-on-bad-exit=1 bash -c \\
+          'if [[ $SLURM_NODEID == 1 ]]; then exit 3; fi; echo $$ > "$SWEEP_ATTEMPT_DIR/pid0"; sleep 60'
+        """, nodes=2)
+    started = time.monotonic()
+    [result] = local.run_local([run_dir], slots=4)
+    assert time.monotonic() - started < 30
+    assert result.state == "FAILED" and result.exit_code != "0:0", result
+    err = (result.attempt_dir / f"slurm-{result.job_id}.out").read_text()
+    assert "127.0.0.2: task 1: Exited with exit code 3" in err
+
+
+def test_the_time_limit_signals_the_batch_shell_then_ends_the_whole_job(tmp_path: Path) -> None:
+    run_dir = run_with_script(tmp_path, """
+        trap 'echo usr1 > "$SWEEP_ATTEMPT_DIR/got_usr1"' USR1
+        srun bash -c 'setsid sleep 120 & echo $! > "$SWEEP_ATTEMPT_DIR/escaped"; sleep 120' &
+        while true; do wait || true; done
+        """, directives="#SBATCH --time=00:00:03\n#SBATCH --signal=B:USR1@2\n")
+    [result] = local.LocalBackend(slots=2, kill_wait_s=1).run([run_dir])
+    assert result.state == "TIMEOUT"
+    assert (result.attempt_dir / "got_usr1").read_text() == "usr1\n"
+    escaped = int((result.attempt_dir / "escaped").read_text())
+    time.sleep(0.5)
+    assert not psutil.pid_exists(escaped) or psutil.Process(escaped).status() == "zombie"
+    err = (result.attempt_dir / f"slurm-{result.job_id}.out").read_text()
+    assert "DUE TO TIME LIMIT" in err
+    assert 3 <= result.elapsed_s < 15
+    assert accounting(result)["State"] == "TIMEOUT"
+
+
+def test_concurrency_is_capped_by_cpu_slots(tmp_path: Path) -> None:
+    body = """
+        date +%s.%N > "$SWEEP_ATTEMPT_DIR/start"; sleep 0.6; date +%s.%N > "$SWEEP_ATTEMPT_DIR/end"
+        """
+    runs = [run_with_script(tmp_path / str(k), body, mbs=m) for k, m in enumerate((1, 2, 4))]
+    results = local.run_local(runs, slots=2, poll_s=0.05)  # each job needs 2 slots
+    spans = sorted((float((r.attempt_dir / "start").read_text()),
+                    float((r.attempt_dir / "end").read_text())) for r in results)
+    assert len(spans) == 3 and all(r.state == "COMPLETED" for r in results)
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        assert start >= end, f"jobs overlapped: {spans}"
+
+
+def test_each_run_of_a_job_gets_a_new_attempt_folder(tmp_path: Path) -> None:
+    run_dir = run_with_script(tmp_path, 'echo "$SWEEP_ATTEMPT" > "$SWEEP_ATTEMPT_DIR/n"\n')
+    first = local.run_local([run_dir])[0]
+    second = local.run_local([run_dir])[0]
+    assert (first.attempt_dir.name, second.attempt_dir.name) == ("1", "2")
+    assert (second.attempt_dir / "n").read_text() == "2\n"
+    assert first.job_id != second.job_id
+
+
+def test_a_job_of_the_real_template_reaches_the_watchdog_command(tmp_path: Path) -> None:
+    """The rendered job.sbatch itself, up to the srun line (sweep.watchdog may be missing)."""
+    [run_dir] = render_runs(parse_spec(SPEC), pd.DataFrame([plan_row(2)]), tmp_path)
+    [result] = local.run_local([run_dir], slots=2)
+    env = json.loads((result.attempt_dir / "env.json").read_text())
+    assert env["nodes"] == ["127.0.0.1", "127.0.0.2"]
+    assert env["slurm_job_id"] == str(result.job_id)
+    assert env["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert env["env"]["MASTER_PORT"] == str(15000 + result.job_id % 15000)
+    assert env["harness"]["version"]
+    assert os.path.islink(result.attempt_dir / "job.out")
+    assert os.path.realpath(result.attempt_dir / "job.out") == str(
+        run_dir / "attempts" / f"slurm-{result.job_id}.out")
