@@ -1,0 +1,127 @@
+"""`sweep plan`: what it writes, what it prints, and how it refuses bad input (exit 2, no files)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sweep.cli import main
+from sweep.spec import load_spec
+
+SPEC = """\
+name: tiny-plan
+framework: nanotron
+gpu: h100-sxm
+gpus_per_node: 8
+models: [playbook-1b]
+nodes: [1, 2]
+seq_len: 4096
+global_batch: {sequences: 32}
+axes:
+  mbs: [1, 2, 4]
+  zero_stage: [0, 1]
+"""
+
+
+def write_spec(tmp_path: Path, text: str = SPEC) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_plan_writes_the_parquet_and_a_hashed_copy_of_the_spec(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path)
+    out = tmp_path / "sweep"
+    assert main(["plan", str(spec_path), "--out", str(out)]) == 0
+    frame = pd.read_parquet(out / "plan.parquet")
+    assert {"model", "nodes", "status", "prune_rule", "run_id", "mem_total_bytes"} <= \
+        set(frame.columns)
+    assert (frame.status == "kept").sum() > 0
+    copy = (out / "spec.yaml").read_text()
+    assert copy.splitlines()[0] == f"# spec_hash: {load_spec(spec_path).spec_hash()}"
+    assert copy.endswith(SPEC)
+    printed = capsys.readouterr().out
+    assert "candidates" in printed and "playbook-1b" in printed
+    kept_1node = ((frame.status == "kept") & (frame.nodes == 1)).sum()
+    assert f"{len(frame)} candidates" in printed and str(kept_1node) in printed
+
+
+def test_plan_defaults_to_results_named_after_the_sweep(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec_path = write_spec(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", str(spec_path)]) == 0
+    assert (tmp_path / "results" / "tiny-plan" / "plan.parquet").is_file()
+
+
+def test_explain_prints_the_memory_breakdown_of_a_kept_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path)
+    out = tmp_path / "sweep"
+    main(["plan", str(spec_path), "--out", str(out)])
+    frame = pd.read_parquet(out / "plan.parquet")
+    run_id = frame.loc[frame.status == "kept", "run_id"].iloc[0]
+    capsys.readouterr()
+    assert main(["plan", str(spec_path), "--explain", run_id, "--out",
+                 str(tmp_path / "unused")]) == 0
+    printed = capsys.readouterr().out
+    for component in ("weights", "gradients", "optimizer", "activations", "total"):
+        assert component in printed
+    assert run_id in printed and "budget" in printed
+    assert not (tmp_path / "unused").exists()
+
+
+def test_explain_of_an_unknown_run_is_an_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(write_spec(tmp_path)), "--explain", "nope-n1-0000000000"]) == 2
+    assert "no kept configuration has run id 'nope-n1-0000000000'" in capsys.readouterr().err
+
+
+BAD_INPUT = {
+    "unknown model": (SPEC.replace("[playbook-1b]", "[gpt-17]"), "unknown model 'gpt-17'"),
+    "unknown GPU": (SPEC.replace("h100-sxm", "h900"), "unknown GPU type 'h900'"),
+    "impossible node count": (SPEC.replace("mbs: [1, 2, 4]", "mbs: [1]\n  tp: [16]\n  pp: [1]"),
+                              "nodes: 1 node(s)"),
+    "global batch no layout meets": (
+        SPEC.replace("sequences: 32", "sequences: 12").replace("[1, 2]", "[2]")
+        .replace("mbs: [1, 2, 4]", "mbs: [1]\n  dp: [16]"), "global_batch: 12 sequences"),
+    "zero field": (SPEC.replace("nodes: [1, 2]", "nodes: [0, 2]"), "nodes"),
+    "negative field": (SPEC.replace("seq_len: 4096", "seq_len: -4096"), "seq_len"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_is_one_clear_error_and_writes_nothing(
+        case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text, expected = BAD_INPUT[case]
+    spec_path = write_spec(tmp_path, text)
+    out = tmp_path / "sweep"
+    assert main(["plan", str(spec_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and str(spec_path) in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_the_installed_command_exits_2_on_bad_input(tmp_path: Path) -> None:
+    spec_path = write_spec(tmp_path, SPEC.replace("seq_len: 4096", "seq_len: 0"))
+    result = subprocess.run([sys.executable, "-m", "sweep.cli", "plan", str(spec_path)],
+                            capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "seq_len" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_replanning_over_runs_of_another_spec_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    assert main(["plan", str(write_spec(tmp_path)), "--out", str(out)]) == 0
+    (out / "runs").mkdir()
+    other = write_spec(tmp_path, SPEC.replace("sequences: 32", "sequences: 64"))
+    assert main(["plan", str(other), "--out", str(out)]) == 2
+    assert "holds runs of another spec" in capsys.readouterr().err
