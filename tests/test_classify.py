@@ -1,0 +1,206 @@
+"""The outcome classifier on real failure logs, on bare evidence, and on the order of its rules.
+
+Real logs: tests/fixtures/logs/fail_*.log (see the README there; the #SOURCE header lines are
+metadata and are dropped before classifying). Lines written inline below are constructed and say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweep.classify import OUTCOMES, RULES, Evidence, classify, exit_signal, rule_table, scan_log_for_failures
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "logs"
+
+
+def log_body(name: str) -> str:
+    return "".join(line for line in (FIXTURES / name).open() if not line.startswith("#SOURCE:"))
+
+
+# fixture -> (outcome, reason, rule, a piece of the first evidence line)
+REAL_LOGS = {
+    "fail_cuda_oom_1.log": ("oom", "cuda_oom", "cuda_oom", "Tried to allocate 1.06 GiB. GPU 4"),
+    "fail_cuda_oom_2.log": ("oom", "cuda_oom", "cuda_oom", "GPU 6 has a total capacty of 79.33 GiB"),
+    "fail_cuda_oom_3.log": ("oom", "cuda_oom", "cuda_oom", "[rank15]: torch.OutOfMemoryError"),
+    "fail_cpu_alloc_oom_1.log": ("oom", "cpu_alloc_oom", "cpu_oom", "you tried to allocate 132426121216 bytes"),
+    "fail_cpu_alloc_oom_2.log": ("oom", "cpu_alloc_oom", "cpu_oom", "DefaultCPUAllocator: not enough memory"),
+    "fail_cgroup_oom_1.log": ("oom", "cgroup_oom_kill", "cgroup_oom", "Detected 1 oom-kill event(s) in StepId=13466817.0"),
+    "fail_cgroup_oom_2.log": ("oom", "cgroup_oom_kill", "cgroup_oom", "Detected 1 oom_kill event in StepId=440575.0"),
+    "fail_illegal_memory_access_1.log": ("crashed", "illegal_memory_access", "illegal_memory_access",
+                                         "an illegal memory access was encountered"),
+    "fail_illegal_memory_access_2.log": ("crashed", "illegal_memory_access", "illegal_memory_access",
+                                         "torch.AcceleratorError: CUDA error: an illegal memory access"),
+    "fail_nccl_timeout_1.log": ("hang", "nccl_watchdog_timeout", "collective_timeout", "OpType=_ALLGATHER_BASE"),
+    "fail_nccl_timeout_2.log": ("hang", "nccl_watchdog_timeout", "collective_timeout", "[Rank 3] Watchdog caught"),
+    "fail_nccl_timeout_3.log": ("hang", "nccl_watchdog_timeout", "collective_timeout", "[rank4]:[E ProcessGroupNCCL"),
+    "fail_gloo_timeout_1.log": ("hang", "gloo_timeout", "collective_timeout", "Timed out waiting 1800000ms for send"),
+    "fail_slurm_time_limit_1.log": ("timeout", "slurm_time_limit", "slurm_time_limit", "*** JOB 1999618 ON r6i4n5"),
+    "fail_slurm_time_limit_2.log": ("timeout", "slurm_time_limit", "slurm_time_limit", "*** STEP 1999616.0 ON r6i4n5"),
+    "fail_slurm_time_limit_3.log": ("timeout", "slurm_time_limit", "slurm_time_limit", "*** STEP 1809655.0 ON r6i4n3"),
+    "fail_slurm_time_limit_4.log": ("timeout", "slurm_time_limit", "slurm_time_limit", "*** JOB 494583 ON ..."),
+    "fail_slurm_node_fail_1.log": ("node_fail", "slurm_node_failure", "slurm_node_failure", "Node failure on jean-zay-iam37"),
+    "fail_slurm_node_fail_2.log": ("node_fail", "slurm_node_failure", "slurm_node_failure", "Node failure on jean-zay-iam49"),
+    "fail_slurm_preemption_1.log": ("preempted", "slurm_preempted", "slurm_preemption", "DUE TO PREEMPTION"),
+    "fail_slurm_preemption_2.log": ("preempted", "slurm_preempted", "slurm_preemption", "this job is preempted"),
+    "fail_slurm_cancelled_1.log": ("cancelled", "slurm_cancelled", "slurm_cancelled", "*** STEP 6053.0 ON DEL2212S020"),
+    "fail_slurm_cancelled_2.log": ("cancelled", "slurm_cancelled", "slurm_cancelled", "*** STEP 1809577.0 ON r6i5n1"),
+    "fail_segfault_1.log": ("crashed", "segfault", "segfault", "exitcode  : -11 (pid: 6421)"),
+    "fail_segfault_2.log": ("crashed", "segfault", "segfault", "Caught signal 11 (Segmentation fault"),
+    "fail_sigkill_1.log": ("crashed", "sigkill", "killed_by_sigkill", "exitcode  : -9 (pid: 3309)"),
+    "fail_sigkill_2.log": ("crashed", "sigkill", "killed_by_sigkill", "failed (exitcode: -9) local_rank: 2"),
+    "fail_nccl_error_1.log": ("crashed", "nccl_error", "nccl_error", "NCCL error: remote process exited"),
+    "fail_nccl_error_2.log": ("crashed", "nccl_error", "nccl_error", "unhandled system error, NCCL version 2.7.8"),
+    "fail_cuda_unknown_error_1.log": ("crashed", "cuda_error", "cuda_error", "[default3]:terminate called"),
+    "fail_cuda_unknown_error_2.log": ("crashed", "cuda_error", "cuda_error", "c10::CUDAError"),
+    "fail_cuda_ecc_error_1.log": ("node_fail", "gpu_ecc_error", "gpu_hardware_error", "cudaErrorECCUncorrectable"),
+    # the edge case: "CUDA error: out of memory" at the first barrier, on a faulty GPU, before any step
+    "fail_cuda_ecc_error_2.log": ("crashed", "cuda_runtime_oom_before_first_step", "cuda_runtime_oom",
+                                  "RuntimeError: CUDA error: out of memory"),
+    "fail_childfailederror_1.log": ("crashed", "child_failed", "child_failed", "ChildFailedError"),
+    "fail_childfailederror_2.log": ("crashed", "child_failed", "child_failed", "Root Cause (first observed failure)"),
+    "fail_childfailederror_3.log": ("crashed", "child_failed", "child_failed", "failed (exitcode: 1) local_rank: 0"),
+    # four ranks raise; torchrun names rank 1 as the root cause, so rank 1's exception line is the evidence
+    "fail_childfailederror_4.log": ("crashed", "python_exception:AttributeError", "python_exception",
+                                    "[rank1]: AttributeError: 'NoneType' object has no attribute 'shape'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(REAL_LOGS))
+def test_real_failure_logs(name):
+    outcome, reason, rule, evidence = REAL_LOGS[name]
+    verdict = classify(Evidence(log_text=log_body(name)))
+    assert (verdict.outcome, verdict.reason, verdict.rule) == (outcome, reason, rule)
+    assert evidence in verdict.evidence_lines[0]
+    assert all(line in log_body(name) for line in verdict.evidence_lines)  # exact log lines
+
+
+def test_every_real_failure_fixture_is_covered():
+    on_disk = {p.name for p in FIXTURES.glob("fail_*.log")}
+    assert on_disk == set(REAL_LOGS)
+
+
+def test_illegal_memory_access_under_memory_pressure_is_not_oom():
+    # the log also holds "expandable_segments: memory mapping failed with OOM" warnings
+    text = log_body("fail_illegal_memory_access_1.log")
+    assert "memory mapping failed with OOM" in text
+    assert not [f for f in scan_log_for_failures(text) if f.outcome == "oom"]
+
+
+def test_runtime_cuda_oom_after_training_started_is_oom():
+    verdict = classify(Evidence(log_text="RuntimeError: CUDA error: out of memory\n", last_step=12))
+    assert (verdict.outcome, verdict.reason) == ("oom", "cuda_runtime_oom")
+
+
+# ---------------------------------------------------------------- evidence without logs
+
+
+def test_clean_exit_is_completed_and_early_exit_is_not():
+    assert classify(Evidence(exit_codes={"node0": 0, "node1": 0})).outcome == "completed"
+    early = classify(Evidence(exit_codes={"node0": 0}, last_step=3, expected_steps=10))
+    assert (early.outcome, early.reason, early.rule) == ("crashed", "exited_early", "exited_early")
+    done = classify(Evidence(exit_codes={"node0": 0}, last_step=7, expected_steps=10, summary_written=True))
+    assert done.outcome == "completed"  # ended by the steady-state policy: the summary says so
+
+
+def test_a_caught_oom_does_not_fail_a_run_that_exited_cleanly():
+    log = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"  # constructed
+    assert classify(Evidence(exit_codes={"node0": 0}, log_text=log)).outcome == "completed"
+
+
+def test_watchdog_hang_before_and_after_the_first_step():
+    startup = classify(Evidence(hang_killed=True, exit_codes={"node0": -15}))
+    assert (startup.outcome, startup.reason, startup.rule) == ("hang", "no_progress_startup", "watchdog_hang")
+    stepping = classify(Evidence(hang_killed=True, last_step=4, exit_codes={"node0": -9}))
+    assert stepping.reason == "no_progress_step" and "after step 4" in stepping.evidence_lines[-1]
+
+
+def test_signals_received_by_the_watchdog():
+    assert classify(Evidence(signals=("USR1",), exit_codes={"node0": -15})).outcome == "timeout"
+    assert classify(Evidence(signals=("SIGTERM",), exit_codes={"node0": -15})).outcome == "cancelled"
+    assert classify(Evidence(time_limit_hit=True)).reason == "time_limit_signal"
+
+
+def test_exit_codes_alone():
+    assert exit_signal(-9) == 9 and exit_signal(137) == 9 and exit_signal(1) is None and exit_signal(0) is None
+    sigkill = classify(Evidence(exit_codes={"node0": 137}))
+    assert (sigkill.outcome, sigkill.reason, sigkill.rule) == ("crashed", "sigkill", "signal_exit")
+    assert classify(Evidence(exit_codes={"node0": 0, "node1": 2})).reason == "exit_code_2"
+    assert classify(Evidence()).rule == "no_evidence"
+
+
+def test_sigkill_with_an_oom_kill_record_is_oom():
+    verdict = classify(Evidence(exit_codes={"node0": -9}, oom_kill_count=1))
+    assert (verdict.outcome, verdict.reason, verdict.rule) == ("oom", "cgroup_oom_kill", "cgroup_oom")
+
+
+def test_sacct_decides_when_slurm_killed_the_job():
+    # no status.json: only accounting (notes/local-slurm.md cases)
+    assert classify(Evidence(slurm_state="TIMEOUT", slurm_exit_code="0:0")).outcome == "timeout"
+    hidden_oom = classify(Evidence(slurm_state="COMPLETED", slurm_exit_code="0:0", derived_exit_code="0:125"))
+    assert (hidden_oom.outcome, hidden_oom.rule) == ("oom", "cgroup_oom")
+    step_oom = classify(Evidence(slurm_state="FAILED", slurm_exit_code="1:0", step_states=("FAILED", "OUT_OF_MEMORY")))
+    assert step_oom.outcome == "oom" and "OUT_OF_MEMORY" in step_oom.evidence_lines[0]
+    assert classify(Evidence(slurm_state="NODE_FAIL", exit_codes={"node0": -15})).outcome == "node_fail"
+    assert classify(Evidence(slurm_state="CANCELLED by 0")).outcome == "cancelled"
+    assert classify(Evidence(slurm_state="COMPLETED", slurm_exit_code="0:0")).outcome == "completed"
+    assert classify(Evidence(slurm_state="FAILED", slurm_exit_code="1:0")).rule == "slurm_accounting"
+    # exit 0 on every node but sacct says the job timed out: not completed
+    assert classify(Evidence(exit_codes={"node0": 0}, slurm_state="TIMEOUT")).outcome == "timeout"
+
+
+# ---------------------------------------------------------------- which cause wins
+
+
+def test_oom_outranks_the_hang_it_caused():
+    log = log_body("fail_cuda_oom_3.log")
+    assert classify(Evidence(log_text=log, hang_killed=True, last_step=3)).outcome == "oom"
+
+
+def test_node_failure_outranks_the_cuda_errors_it_caused():
+    verdict = classify(Evidence(log_text=log_body("fail_slurm_node_fail_2.log"), exit_codes={"node0": -6}))
+    assert verdict.outcome == "node_fail"
+
+
+def test_time_limit_outranks_the_sigterms_it_caused():
+    verdict = classify(Evidence(log_text=log_body("fail_slurm_time_limit_1.log"), exit_codes={"node0": -15}))
+    assert verdict.outcome == "timeout"
+
+
+def test_the_raising_rank_outranks_the_peers_that_lost_it():
+    # constructed: what two gloo ranks print when rank 1 raises and rank 0 waits in all_reduce
+    log = (
+        "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/work/main/sweep/workload/train.py", line 80, in step\n'
+        "[rank0]:     dist.all_reduce(t)\n"
+        "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4242\n"
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/work/main/sweep/workload/train.py", line 77, in step\n'
+        '[rank1]:     raise ValueError("injected failure at step 3")\n'
+        "[rank1]: ValueError: injected failure at step 3\n"
+    )
+    verdict = classify(Evidence(log_text=log, exit_codes={"node0": 1}))
+    assert (verdict.outcome, verdict.reason) == ("crashed", "python_exception:ValueError")
+    assert verdict.evidence_lines == ("[rank1]: ValueError: injected failure at step 3",)
+
+
+def test_scan_reports_lines_in_log_order():
+    findings = scan_log_for_failures(log_body("fail_slurm_time_limit_2.log"))
+    assert [f.rule for f in findings] == ["slurm_time_limit", "slurm_time_limit"]
+    assert findings[0].line.startswith("slurmstepd: error: *** STEP 1999616.0")
+    assert scan_log_for_failures("") == [] and scan_log_for_failures("\x00\xff\n|||") == []
+
+
+def test_scan_keeps_a_bounded_number_of_lines():
+    many = "[E ProcessGroupNCCL.cpp:457] [Rank 3] Watchdog caught collective operation timeout\n" * 500
+    assert len(scan_log_for_failures(many)) == 20
+
+
+def test_rule_table_is_well_formed():
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    assert {r.outcome for r in RULES} <= set(OUTCOMES)
+    assert rule_table()[0] == {"rule": "slurm_node_failure", "outcome": "node_fail",
+                               "description": RULES[0].description}
+    assert names[-1] == "no_evidence"
