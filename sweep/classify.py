@@ -50,6 +50,7 @@ class Evidence:
     slurm_exit_code: str | None = None  # sacct ExitCode "code:signal"
     derived_exit_code: str | None = None  # sacct DerivedExitCode
     step_states: tuple[str, ...] = ()  # sacct State of each step
+    launch_error: str | None = None  # the launcher could not be started at all (exec failure)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("killed_by_sigkill", "crashed", "sigkill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|\(exitcode: -9\)"),
     _p("peer_failure", "crashed", "peer_connection_lost",
        r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe"),
-    _p("child_failed", "crashed", "child_failed", r"ChildFailedError|failed \(exitcode: -?\d+\) local_rank|Root Cause \(first observed failure\)"),
+    _p("child_failed", "crashed", "child_failed",
+       r"ChildFailedError|failed \(exitcode: -?\d+\) local_rank|Root Cause \(first observed failure\)"),
 )
 _ANY = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS) + r"|Traceback \(most recent call last\)")
 _LINE_PREFIX = re.compile(r"^(?:\d+:\s+|\[(?:rank|default)\d+\]: ?|\([^)]*pid=\d+[^)]*\)\s*)+")
@@ -213,6 +215,11 @@ def exit_signal(code: int | None) -> int | None:
 
 def _exit_lines(ev: Evidence) -> tuple[str, ...]:
     return tuple(f"exit code {node}={code}" for node, code in sorted(ev.exit_codes.items()))
+
+
+def _launch_failed(ctx: Context) -> Match | None:
+    error = ctx.evidence.launch_error
+    return ("crashed", "launcher_failed_to_start", (error,)) if error else None
 
 
 def _clean_exit(ctx: Context) -> Match | None:
@@ -349,7 +356,9 @@ RULES: tuple[Rule, ...] = (
          _log_or_sacct("slurm_node_failure", "node_fail")),
     Rule("gpu_hardware_error", "node_fail", "uncorrectable ECC error: the GPU is faulty, not the configuration",
          _from_log("gpu_hardware_error")),
-    Rule("slurm_preemption", "preempted", "preempted or requeued by Slurm", _log_or_sacct("slurm_preemption", "preempted")),
+    Rule("slurm_preemption", "preempted", "preempted or requeued by Slurm",
+         _log_or_sacct("slurm_preemption", "preempted")),
+    Rule("launch_failed", "crashed", "the watchdog could not start the launcher", _launch_failed),
     Rule("clean_exit", "completed", "every node exited 0 (and sacct, if any, agrees; the step budget was reached)",
          _clean_exit),
     Rule("illegal_memory_access", "crashed", "CUDA illegal memory access (even under memory pressure it is a crash)",
@@ -405,10 +414,6 @@ def classify(evidence: Evidence, findings: list[Finding] | None = None) -> Verdi
 def rule_table() -> list[dict[str, str]]:
     """RULES as rows (name, outcome, description), in order: for the README and `sweep status --explain`."""
     return [{"rule": r.name, "outcome": r.outcome, "description": r.description} for r in RULES]
-
-
-def is_outcome(value: object) -> bool:
-    return isinstance(value, str) and value in OUTCOMES
 
 
 __all__ = ["OUTCOMES", "RULES", "Evidence", "Finding", "Rule", "Verdict", "classify", "exit_signal",

@@ -12,7 +12,8 @@ sacct decides. Two traps (found on a real cluster, see notes/local-slurm.md):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # States in which the job may still run or run again: no outcome yet.
 PENDING_STATES = frozenset(
@@ -77,6 +78,19 @@ def outcome_from_sacct(
             return "crashed", "slurm_step_failed" + _describe(derived)
         return "completed", "slurm_completed"
     return "crashed", f"slurm_state_{job.lower()}"
+
+
+def outcome_from_sacct_row(row: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The same, from one `sacct -P` job row (keys State, ExitCode, DerivedExitCode) whose optional
+    "steps" entry lists the step rows (dicts with State) or step states (strings)."""
+    steps = row.get("steps") or row.get("step_states") or ()
+    states = [s.get("State", "") if isinstance(s, Mapping) else str(s) for s in steps]
+    return outcome_from_sacct(
+        str(row.get("State") or row.get("state") or ""),
+        row.get("ExitCode") or row.get("exit_code"),
+        row.get("DerivedExitCode") or row.get("derived_exit_code"),
+        states,
+    )
 
 
 def _signal(code: tuple[int, int] | None) -> int | None:

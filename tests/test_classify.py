@@ -204,3 +204,8 @@ def test_rule_table_is_well_formed():
     assert rule_table()[0] == {"rule": "slurm_node_failure", "outcome": "node_fail",
                                "description": RULES[0].description}
     assert names[-1] == "no_evidence"
+
+
+def test_a_launcher_that_never_started():
+    verdict = classify(Evidence(launch_error="[Errno 2] No such file or directory: 'torchrun'", exit_codes={"node0": 127}))
+    assert (verdict.outcome, verdict.reason, verdict.rule) == ("crashed", "launcher_failed_to_start", "launch_failed")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.slurm_states import normalize_state, outcome_from_sacct, parse_exit_code
+from sweep.slurm_states import normalize_state, outcome_from_sacct, outcome_from_sacct_row, parse_exit_code
 
 
 @pytest.mark.parametrize("state", ["PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", ""])
@@ -68,3 +68,11 @@ def test_sacct_spellings():
 def test_malformed_exit_code_names_the_field():
     with pytest.raises(ValueError, match="DerivedExitCode 'x:y'"):
         outcome_from_sacct("COMPLETED", "0:0", "x:y")
+
+
+def test_a_sacct_row_with_its_steps():
+    row = {"JobID": "12", "State": "FAILED", "ExitCode": "1:0", "DerivedExitCode": "0:125",
+           "steps": [{"JobID": "12.batch", "State": "FAILED"}, {"JobID": "12.0", "State": "OUT_OF_MEMORY"}]}
+    assert outcome_from_sacct_row(row)[0] == "oom"
+    assert outcome_from_sacct_row({"State": "RUNNING"}) is None
+    assert outcome_from_sacct_row({"state": "TIMEOUT", "step_states": ["CANCELLED"]}) == ("timeout", "slurm_time_limit")

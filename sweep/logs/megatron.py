@@ -16,7 +16,17 @@ from __future__ import annotations
 
 import re
 
-from sweep.logs.base import MIB, LineParser, MemorySample, StepRecord, ms_to_s, strip_ansi, to_float, to_int, utc_timestamp
+from sweep.logs.base import (
+    MIB,
+    LineParser,
+    MemorySample,
+    StepRecord,
+    ms_to_s,
+    strip_ansi,
+    to_float,
+    to_int,
+    utc_timestamp,
+)
 
 _PREFIX = r"^(?:\d+:\s*|\[default\d+\]:|\[rank\d+\]:)*\s*"
 _ITERATION = re.compile(

@@ -72,7 +72,10 @@ def test_mfu_not_available(parser):
 
 def test_other_ranks_lines_do_not_replace_rank_0(parser):
     # Constructed: torchtitan without --local-ranks-filter prints one line per rank with that rank's values.
-    line = "[rank{r}]:[titan] 2025-03-12 11:10:21,511 - root - INFO - step: 22  loss:  {loss}  memory:  1.41GiB(1.79%)  tps: 193,831  tflops: 18.36  mfu: 1.86%\n"
+    line = (
+        "[rank{r}]:[titan] 2025-03-12 11:10:21,511 - root - INFO - step: 22  loss:  {loss}  memory:  1.41GiB(1.79%)"
+        "  tps: 193,831  tflops: 18.36  mfu: 1.86%\n"
+    )
     text = line.format(r=1, loss="6.3000") + line.format(r=0, loss="6.2250") + line.format(r=1, loss="6.3000")
     log = parser.parse_text(text)
     assert [(r.rank, r.loss) for r in log.steps] == [(0, 6.225)]
