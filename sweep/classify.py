@@ -110,7 +110,16 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("child_failed", "crashed", "child_failed",
        r"ChildFailedError|failed \(exitcode: -?\d+\) local_rank|Root Cause \(first observed failure\)"),
 )
-_ANY = re.compile("|".join(f"(?:{p.regex.pattern})" for p in PATTERNS) + r"|Traceback \(most recent call last\)")
+# A line is tried against the patterns only when it holds one of these words: plain substring
+# tests cost little, and almost every line of a training log holds none of them.
+_KEYWORDS = (
+    "DUE TO", "Node failure", "ECC", "preempted", "illegal memory access", "IllegalAddress", "out of memory",
+    "OutOfMemory", "ALLOC_FAILED", "DefaultCPUAllocator", "MemoryError", "Cannot allocate", "oom", "Out Of Memory",
+    "Killed process", "memory limit", "Watchdog caught", "Timed out waiting", "pair closure", "CANCELLED", "SIGSEGV",
+    "Segmentation fault", "signal 11", "exitcode", "NCCL", "nccl", "CUDA error", "CUDAError", "CUDA_ERROR",
+    "Aborted", "SIGABRT", "SIGKILL", "by peer", "DistNetworkError", "Broken pipe", "ChildFailedError", "Root Cause",
+    "unhandled system error", "Traceback",
+)
 _LINE_PREFIX = re.compile(r"^(?:\d+:\s+|\[(?:rank|default)\d+\]: ?|\([^)]*pid=\d+[^)]*\)\s*)+")
 _EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))(?::|$)")
 _LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException")  # torchrun's own, not a rank's root cause
@@ -122,7 +131,7 @@ def scan_log_for_failures(text: str) -> list[Finding]:
     counts: dict[str, int] = {}
     in_traceback = False
     for raw in text.splitlines():
-        if not _ANY.search(raw) and not in_traceback:
+        if not in_traceback and not any(word in raw for word in _KEYWORDS):
             continue
         line = strip_ansi(raw).rstrip()[:MAX_LINE_CHARS]
         matched: set[str] = set()

@@ -209,3 +209,44 @@ def test_rule_table_is_well_formed():
 def test_a_launcher_that_never_started():
     verdict = classify(Evidence(launch_error="[Errno 2] No such file or directory: 'torchrun'", exit_codes={"node0": 127}))
     assert (verdict.outcome, verdict.reason, verdict.rule) == ("crashed", "launcher_failed_to_start", "launch_failed")
+
+
+# constructed one-liners, one per pattern reason, in the wording each pattern was written for
+ONE_LINERS = {
+    "slurm_node_failure": "srun: error: Node failure on node2",
+    "gpu_ecc_error": "RuntimeError: CUDA error: uncorrectable ECC error encountered",
+    "slurm_preempted": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO PREEMPTION ***",
+    "slurm_requeued": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO JOB REQUEUE ***",
+    "illegal_memory_access": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+    "cublas_alloc_failed": "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "nccl_cuda_oom": "node1:1:2 [0] NCCL WARN Cuda failure 'out of memory'",
+    "cuda_runtime_oom": "RuntimeError: CUDA error: out of memory",
+    "cpu_alloc_oom": "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes.",
+    "python_memory_error": "MemoryError",
+    "host_enomem": "OSError: [Errno 12] Cannot allocate memory",
+    "cgroup_oom_kill": "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=12.batch.",
+    "slurm_memory_limit": "slurmstepd: error: StepId=54.batch exceeded memory limit (163708928 > 104857600), being killed",
+    "nccl_watchdog_timeout": "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE)",
+    "gloo_timeout": "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv operation",
+    "slurm_time_limit": "slurmstepd: error: *** JOB 9 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO TIME LIMIT ***",
+    "slurm_cancelled": "slurmstepd: error: *** JOB 9 ON node1 CANCELLED AT 2026-11-22T07:00:00 ***",
+    "segfault": "Segmentation fault (core dumped)",
+    "nccl_error": "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8",
+    "cuda_error": "RuntimeError: CUDA error: unspecified launch failure",
+    "sigabrt": "Fatal Python error: Aborted",
+    "sigkill": "  traceback : Signal 9 (SIGKILL) received by PID 3309",
+    "peer_connection_lost": "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4242",
+    "child_failed": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+}
+
+
+@pytest.mark.parametrize("reason", sorted(ONE_LINERS))
+def test_each_pattern_is_found_past_the_keyword_filter(reason):
+    assert reason in {f.reason for f in scan_log_for_failures(ONE_LINERS[reason] + "\n")}
+
+
+def test_every_pattern_reason_has_a_one_liner():
+    from sweep.classify import PATTERNS
+
+    assert {p.reason for p in PATTERNS} == set(ONE_LINERS)

@@ -216,9 +216,8 @@ class StepCollector:
         # Several ranks may log the same step; keep the lowest rank's lines (rank 0 when present).
         rank = record.rank if record.rank is not None else 0
         if self._rank is None or rank < self._rank:
-            if self._rank is not None:
-                self.steps = []
-                self._by_step = {}
+            if self._rank is not None:  # a lower rank's lines replace what was kept so far
+                self.steps, self._by_step, self.versions, self.duplicates = [], {}, [], 0
             self._rank = rank
         elif rank > self._rank:
             return

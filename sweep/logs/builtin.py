@@ -45,24 +45,7 @@ class BuiltinParser(LineParser):
 
     def match_step(self, line: str) -> StepRecord | None:
         record = _record(line)
-        if record is None or record.get("kind") != "step":
-            return None
-        step = _integer(record, "step")
-        if step is None:
-            return None
-        return StepRecord(
-            step=step,
-            step_time_s=_number(record, "step_time_s"),
-            tokens_per_sec=_number(record, "tokens_per_sec"),
-            tokens_per_sec_per_gpu=_number(record, "tokens_per_sec_per_gpu"),
-            loss=_number(record, "loss"),
-            mfu_pct=_number(record, "mfu_pct"),
-            mem_allocated_bytes=_integer(record, "mem_allocated_bytes"),
-            mem_reserved_bytes=_integer(record, "mem_reserved_bytes"),
-            tokens=_integer(record, "tokens"),
-            timestamp=_number(record, "time"),
-            format_version=FORMAT_VERSION,
-        )
+        return _step_record(record) if record is not None else None
 
     def parse_lines(self, lines: Iterable[str], source: str, truncated: bool = False) -> ParsedLog:
         collector = StepCollector(self.framework, source)
@@ -76,7 +59,7 @@ class BuiltinParser(LineParser):
             if kind == "summary":
                 summary = record
                 continue
-            step = self.match_step(line) if kind == "step" else None
+            step = _step_record(record) if record is not None else None
             if step is not None:
                 collector.add_step(step, number)
             elif record is None:
@@ -89,6 +72,25 @@ class BuiltinParser(LineParser):
                 f"{source}:{collector.lines_read + 1}: last line has no newline (writer cut off); skipped"
             )
         parsed = collector.result(truncated)
-        if summary is None:
-            return parsed
-        return replace(parsed, summary=summary)
+        return replace(parsed, summary=summary) if summary is not None else parsed
+
+
+def _step_record(record: dict[str, Any]) -> StepRecord | None:
+    if record.get("kind") != "step":
+        return None
+    step = _integer(record, "step")
+    if step is None:
+        return None
+    return StepRecord(
+        step=step,
+        step_time_s=_number(record, "step_time_s"),
+        tokens_per_sec=_number(record, "tokens_per_sec"),
+        tokens_per_sec_per_gpu=_number(record, "tokens_per_sec_per_gpu"),
+        loss=_number(record, "loss"),
+        mfu_pct=_number(record, "mfu_pct"),
+        mem_allocated_bytes=_integer(record, "mem_allocated_bytes"),
+        mem_reserved_bytes=_integer(record, "mem_reserved_bytes"),
+        tokens=_integer(record, "tokens"),
+        timestamp=_number(record, "time"),
+        format_version=FORMAT_VERSION,
+    )
