@@ -48,6 +48,11 @@ def outcome_from_sacct(
     step_states: Iterable[str] = (),
 ) -> tuple[str, str] | None:
     """(outcome, reason) for a finished job; None while the job may still run (or run again)."""
+    if not isinstance(job_state, str):
+        raise TypeError(
+            f"outcome_from_sacct: job_state must be sacct's State string, not {type(job_state).__name__}; "
+            "for a whole sacct row use outcome_from_sacct_row(row)"
+        )
     job = normalize_state(job_state)
     steps = [normalize_state(s) for s in step_states if s and s.strip()]
     if not job or job in PENDING_STATES:

@@ -76,3 +76,8 @@ def test_a_sacct_row_with_its_steps():
     assert outcome_from_sacct_row(row)[0] == "oom"
     assert outcome_from_sacct_row({"State": "RUNNING"}) is None
     assert outcome_from_sacct_row({"state": "TIMEOUT", "step_states": ["CANCELLED"]}) == ("timeout", "slurm_time_limit")
+
+
+def test_a_row_passed_as_the_state_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match="outcome_from_sacct_row"):
+        outcome_from_sacct({"State": "FAILED"})  # type: ignore[arg-type]

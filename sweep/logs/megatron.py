@@ -7,6 +7,8 @@ Format versions (fixtures in tests/fixtures/logs/megatron_steps_*.log):
   `consumed tokens`, `num zeros`); memory as `[Rank R] (after N iterations) memory (MB) | ...`.
 - ``megatron-2024``: a ` [YYYY-MM-DD hh:mm:ss]` prefix, optional `throughput per GPU (TFLOP/s/GPU)`,
   MoE/MTP loss fields.
+- ``megatron-2025``: the same with microseconds in the prefix (` [YYYY-MM-DD hh:mm:ss.ffffff]`,
+  Megatron-LM main since late 2025), optional `skipped samples`, `energy per GPU`, `power per GPU`.
 Iteration lines always end with ` |`, so a line cut short does not match. Megatron logs every
 `--log-interval` iterations; elapsed time is the mean over the interval. An interval whose
 iterations were all skipped (fp16 loss-scale warm-up) has no `lm loss`.
@@ -30,7 +32,7 @@ from sweep.logs.base import (
 
 _PREFIX = r"^(?:\d+:\s*|\[default\d+\]:|\[rank\d+\]:)*\s*"
 _ITERATION = re.compile(
-    _PREFIX + r"(?:\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]\s+)?"
+    _PREFIX + r"(?:\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?P<us>\.\d+)?\]\s+)?"
     r"iteration\s+(?P<step>\d+)\s*/\s*(?P<total>\d+)\s*\|(?P<fields>.*)\|\s*$"
 )
 _MEMORY = re.compile(
@@ -50,6 +52,11 @@ def _fields(text: str) -> dict[str, str]:
     return fields
 
 
+def _timestamp(stamp: str | None, fraction: str | None) -> float | None:
+    seconds = utc_timestamp(stamp, "%Y-%m-%d %H:%M:%S") if stamp else None
+    return seconds + float(fraction) if seconds is not None and fraction else seconds
+
+
 def _mib(text: str) -> int:
     return round(float(text) * MIB)
 
@@ -65,7 +72,9 @@ class MegatronParser(LineParser):
         step_time_s = ms_to_s(fields.get(_ELAPSED, ""))
         if step_time_s is None:
             return None
-        if match["ts"]:
+        if match["us"]:
+            version = "megatron-2025"
+        elif match["ts"]:
             version = "megatron-2024"
         elif "consumed samples" in fields:
             version = "megatron-2021"
@@ -81,7 +90,7 @@ class MegatronParser(LineParser):
             learning_rate=to_float(fields.get("learning rate", "")),
             global_batch_size=to_int(fields.get("global batch size", "")),
             skipped_iterations=to_int(fields.get("number of skipped iterations", "")),
-            timestamp=utc_timestamp(match["ts"], "%Y-%m-%d %H:%M:%S") if match["ts"] else None,
+            timestamp=_timestamp(match["ts"], match["us"]),
             format_version=version,
         )
 

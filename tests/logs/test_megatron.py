@@ -127,3 +127,19 @@ def test_truncated_file_keeps_complete_lines(parser, tmp_path):
 def test_missing_file_names_the_file(parser, tmp_path):
     with pytest.raises(LogParseError, match="nope.log"):
         parser.parse_file(tmp_path / "nope.log")
+
+
+def test_microsecond_timestamp_of_megatron_main(parser):
+    # Constructed from Megatron-LM main's training_log (strftime('%Y-%m-%d %H:%M:%S.%f'), optional
+    # energy fields) around the field values of megatron_steps_8's iteration 30: no such real log was found.
+    line = (
+        " [2025-11-02 10:00:01.250000] iteration       30/     200 | consumed samples:          480 |"
+        " elapsed time per iteration (ms): 464.2 | throughput per GPU (TFLOP/s/GPU): 412.3 |"
+        " energy per GPU (J/iter/GPU): 301.5 | power per GPU (W/GPU): 649.5 | learning rate: 7.031250E-07 |"
+        " global batch size:    16 | lm loss: 1.077634E+01 | loss scale: 262144.0 | grad norm: 17.701 |"
+        " number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    record = parser.match_step(line)
+    assert record.format_version == "megatron-2025"
+    assert record.timestamp == datetime(2025, 11, 2, 10, 0, 1, 250000, tzinfo=timezone.utc).timestamp()
+    assert (record.step, record.step_time_s, record.tflops_per_gpu, record.loss) == (30, 0.4642, 412.3, 10.77634)
