@@ -110,7 +110,8 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(
 
 def test_the_installed_command_exits_2_on_bad_input(tmp_path: Path) -> None:
     spec_path = write_spec(tmp_path, SPEC.replace("seq_len: 4096", "seq_len: 0"))
-    result = subprocess.run([sys.executable, "-m", "sweep.cli", "plan", str(spec_path)],
+    entry = "import sys; from sweep.cli import main; sys.exit(main())"
+    result = subprocess.run([sys.executable, "-c", entry, "plan", str(spec_path)],
                             capture_output=True, text=True, cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert "seq_len" in result.stderr and "Traceback" not in result.stderr

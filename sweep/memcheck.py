@@ -1,0 +1,279 @@
+"""Score the memory model and the prune rules against runs that really happened.
+
+Two CSV formats, told apart by their columns:
+- `charts`: the Ultra-Scale Playbook charts' table (`playbook_runs_1B_8B.csv`): status
+  success/failed, `gpu_memory_GB` = rank 0's max_memory_reserved (GiB); the model by its label.
+- `full`: the sweep's own results table (`playbook_bench_full_1B_8B.csv`): status
+  Success/OOM/Other, `Mem Alloc (GB)` and `Mem Res (GB)` (GiB). Failed rows lack some model
+  columns, so each row is mapped to a spec model by its shape columns (layers, hidden size,
+  heads, vocab; KV heads and tying when given) and, when that leaves a choice, by the parameter
+  label that starts its `name` ("1.34G_dp8_…").
+
+Each run is judged as the planner would judge it, at its own layout and grad_acc: every prune
+rule applies except `batch` (the run's global batch is what it ran; a few published runs did not
+hold the sweep's). Rows that match no spec model, or whose dp·tp·pp is not nodes × the spec's
+GPUs per node, are skipped and counted. A field a format cannot give is None.
+
+The measured allocated peak of the full table is nanotron's: its `log_memory` resets the peak
+counters after the forward/backward pass, so it is compared with the memory model's
+`mem_step_allocated_bytes` when the model provides it (else `mem_allocated_bytes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from sweep import catalog, space
+from sweep.model import ModelShape, count_parameters
+from sweep.spec import Spec
+
+GIB: Final = 2**30
+CHARTS_COLUMNS: Final = ("model_label", "nodes", "dp", "tp", "pp", "mbs", "grad_acc",
+                         "zero_stage", "status", "gpu_memory_GB", "tokens_per_sec_per_gpu")
+FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", "zero_stage",
+                       "status", "Mem Alloc (GB)", "Mem Res (GB)", "tok/s/gpu", "num_layers",
+                       "hidden_size", "num_heads", "vocab_size")
+FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
+                 "oom_pruned_frac", "failed_pruned_frac", "alloc_median_abs_rel_err",
+                 "alloc_p90_abs_rel_err", "reserved_median_abs_rel_err",
+                 "reserved_p90_abs_rel_err", "best_kept")
+
+
+class RunsFileError(ValueError):
+    """A runs file this command cannot read; names the file and what is missing."""
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Runs in one normalised table: model, nodes, layout columns, outcome, measurements."""
+
+    format: str  # "charts" | "full"
+    frame: pd.DataFrame  # outcome: success | oom | other | failed; *_bytes may be NaN
+    n_skipped: int
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    n_success: int
+    n_oom: int | None
+    n_other: int | None
+    n_failed: int
+    n_skipped: int
+    success_kept_frac: float | None
+    oom_pruned_frac: float | None
+    failed_pruned_frac: float | None
+    alloc_median_abs_rel_err: float | None
+    alloc_p90_abs_rel_err: float | None
+    reserved_median_abs_rel_err: float | None
+    reserved_p90_abs_rel_err: float | None
+    best_kept: bool | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Reading ----------------------------------------------------------------------------------------
+
+def read_runs(path: str | Path, spec: Spec) -> Runs:
+    """Read a runs CSV of either format and map its rows to the spec's models."""
+    path = Path(path)
+    try:
+        raw = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise RunsFileError(f"{path}: cannot read it as CSV: {error}") from None
+    return normalise(raw, spec, str(path))
+
+
+def detect_format(columns: list[str], source: str = "<runs>") -> str:
+    present = set(columns)
+    for name, wanted in (("full", FULL_COLUMNS), ("charts", CHARTS_COLUMNS)):
+        if present >= set(wanted):
+            return name
+    missing = {name: sorted(set(wanted) - present)
+               for name, wanted in (("charts", CHARTS_COLUMNS), ("full", FULL_COLUMNS))}
+    closest = min(missing, key=lambda k: len(missing[k]))
+    raise RunsFileError(f"{source}: neither runs format; closest is `{closest}`, which also "
+                        f"needs the column(s) {missing[closest]}")
+
+
+def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
+    fmt = detect_format(list(raw.columns), source)
+    if fmt == "charts":
+        frame = pd.DataFrame({
+            "model": raw["model_label"].map(
+                {label: _model_for_label(label, spec) for label in raw["model_label"].unique()}),
+            "outcome": raw["status"].str.lower().map({"success": "success", "failed": "failed"}),
+            "grad_acc": raw["grad_acc"], "sp": max(spec.axes.sp),
+            "alloc_bytes": np.nan, "reserved_bytes": raw["gpu_memory_GB"] * GIB,
+            "tokens_per_sec_per_gpu": raw["tokens_per_sec_per_gpu"]})
+    else:
+        frame = pd.DataFrame({
+            "model": _full_models(raw, spec),
+            "outcome": raw["status"].map({"Success": "success", "OOM": "oom", "Other": "other"}),
+            "grad_acc": raw["batch_accum"],
+            "sp": (raw["tp_mode"] != "ALL_REDUCE") if "tp_mode" in raw else max(spec.axes.sp),
+            "alloc_bytes": raw["Mem Alloc (GB)"] * GIB, "reserved_bytes": raw["Mem Res (GB)"] * GIB,
+            "tokens_per_sec_per_gpu": raw["tok/s/gpu"]})
+    for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage"):
+        frame[column] = raw[column]
+    if frame["outcome"].isna().any():
+        bad = sorted(set(raw.loc[frame["outcome"].isna(), "status"].astype(str)))
+        raise RunsFileError(f"{source}: status {bad} is not one this format uses")
+    gpus = spec.gpus_per_node_resolved
+    usable = frame["model"].notna() & (frame.dp * frame.tp * frame.pp == frame.nodes * gpus)
+    frame = frame[usable].reset_index(drop=True)
+    for column in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
+        frame[column] = frame[column].astype(np.int64)
+    return Runs(format=fmt, frame=frame, n_skipped=int((~usable).sum()))
+
+
+def _model_for_label(label: object, spec: Spec) -> str | None:
+    """A charts label ("1B", "8B") → the spec model it names: by name, catalog alias, or
+    parameter count ("1.34B")."""
+    text = str(label)
+    for model in spec.model_shapes:
+        if text in (model.name, _param_label(model, "B")) or _resolves_to(text, model.name):
+            return model.name
+    return None
+
+
+def _resolves_to(alias: str, name: str) -> bool:
+    try:
+        return catalog.get_model(alias).name == name
+    except catalog.CatalogError:
+        return False
+
+
+def _param_label(model: ModelShape, unit: str) -> str:
+    return f"{count_parameters(model).total / 1e9:.2f}{unit}"
+
+
+def _full_models(raw: pd.DataFrame, spec: Spec) -> pd.Series:
+    """Each row's spec model: shape columns first, then the `name`'s parameter label."""
+    keys = ["num_layers", "hidden_size", "num_heads", "vocab_size"]
+    optional = [c for c in ("num_kv_heads", "tie_word_embeddings") if c in raw.columns]
+    label = raw["name"].astype(str).str.extract(r"^([0-9.]+[A-Za-z]?)_", expand=False)
+    groups = raw[keys + optional].assign(label=label).astype(str)
+    out = pd.Series([None] * len(raw), index=raw.index, dtype=object)
+    for values, index in groups.groupby(list(groups.columns), dropna=False).groups.items():
+        row = dict(zip(groups.columns, values))
+        out[index] = _match_shape(row, spec)
+    return out
+
+
+def _match_shape(row: dict[str, object], spec: Spec) -> str | None:
+    def same(value: object, wanted: int | bool) -> bool:
+        if pd.isna(value) or str(value) in ("nan", "None", "<NA>", ""):  # type: ignore[arg-type]
+            return True  # the failed rows leave these empty: not evidence either way
+        value = str(value)
+        if isinstance(wanted, bool):
+            return value.lower() in (("true", "1", "1.0") if wanted else ("false", "0", "0.0"))
+        return float(value) == wanted
+
+    candidates = [m for m in spec.model_shapes
+                  if same(row["num_layers"], m.num_layers) and same(row["hidden_size"], m.hidden_size)
+                  and same(row["num_heads"], m.num_attention_heads)
+                  and same(row["vocab_size"], m.vocab_size)
+                  and same(row.get("num_kv_heads", ""), m.num_kv_heads)
+                  and same(row.get("tie_word_embeddings", ""), m.tie_word_embeddings)]
+    if len(candidates) > 1:
+        label = str(row.get("label", ""))
+        candidates = [m for m in candidates
+                      if label in (_param_label(m, "G"), _param_label(m, "B"))
+                      or _resolves_to(label, m.name)]
+    return candidates[0].name if len(candidates) == 1 else None
+
+
+# Scoring ----------------------------------------------------------------------------------------
+
+def judge(runs: Runs, spec: Spec) -> pd.DataFrame:
+    """The runs with the planner's verdict (`kept`, `prune_rule`) and predicted bytes."""
+    frame = runs.frame.copy()
+    frame["kept"] = False
+    frame["prune_rule"] = None
+    frame["pred_alloc_bytes"] = np.nan
+    frame["pred_reserved_bytes"] = np.nan
+    schedule = spec.axes.pp_schedule[0]
+    for name, group in frame.groupby("model"):
+        model = next(m for m in spec.model_shapes if m.name == name)
+        n = len(group)
+        columns = {k: group[k].to_numpy(np.int64) for k in
+                   ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
+        columns.update(cp=np.ones(n, np.int64), ep=np.ones(n, np.int64),
+                       sp=group["sp"].to_numpy(bool),
+                       recompute=np.full(n, spec.axes.recompute[0]),
+                       pp_schedule=np.full(n, schedule),
+                       vpp=np.where((schedule == "interleaved_1f1b") & (columns["pp"] > 1),
+                                    space.INTERLEAVED_VPP, 1))
+        ctx = space.RuleContext.from_spec(spec, model)
+        code, mem = space.evaluate(columns, ctx, skip=frozenset({"batch"}), memory_for_all=True)
+        frame.loc[group.index, "kept"] = code < 0
+        frame.loc[group.index, "prune_rule"] = [None if c < 0 else space.RULE_NAMES[c]
+                                                for c in code]
+        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in mem \
+            else "mem_allocated_bytes"
+        for target, key in (("pred_alloc_bytes", alloc_key),
+                            ("pred_reserved_bytes", "mem_reserved_bytes")):
+            values = mem[key].astype(np.float64)
+            frame.loc[group.index, target] = np.where(values < 0, np.nan, values)
+    return frame
+
+
+def score(runs: Runs, spec: Spec) -> MemoryCheck:
+    judged = judge(runs, spec)
+    full = runs.format == "full"
+    outcome = judged["outcome"]
+    success = outcome == "success"
+    failed = ~success
+    oom = outcome == "oom"
+    alloc = _errors(judged.loc[success, "pred_alloc_bytes"], judged.loc[success, "alloc_bytes"])
+    reserved = _errors(judged.loc[success, "pred_reserved_bytes"],
+                       judged.loc[success, "reserved_bytes"])
+    return MemoryCheck(
+        n_success=int(success.sum()),
+        n_oom=int(oom.sum()) if full else None,
+        n_other=int((outcome == "other").sum()) if full else None,
+        n_failed=int(failed.sum()),
+        n_skipped=runs.n_skipped,
+        success_kept_frac=_mean(judged.loc[success, "kept"]),
+        oom_pruned_frac=_mean(~judged.loc[oom, "kept"]) if full else None,
+        failed_pruned_frac=_mean(~judged.loc[failed, "kept"]),
+        alloc_median_abs_rel_err=_quantile(alloc, 0.5) if full else None,
+        alloc_p90_abs_rel_err=_quantile(alloc, 0.9) if full else None,
+        reserved_median_abs_rel_err=_quantile(reserved, 0.5),
+        reserved_p90_abs_rel_err=_quantile(reserved, 0.9),
+        best_kept=best_kept(judged),
+    )
+
+
+def best_kept(judged: pd.DataFrame) -> bool | None:
+    """Whether the fastest successful run (tokens/s/GPU) of every (model, nodes) cell is kept."""
+    success = judged[(judged["outcome"] == "success") & judged["tokens_per_sec_per_gpu"].notna()]
+    if success.empty:
+        return None
+    best = success.loc[success.groupby(["model", "nodes"])["tokens_per_sec_per_gpu"].idxmax()]
+    return bool(best["kept"].all())
+
+
+def _errors(predicted: pd.Series, measured: pd.Series) -> np.ndarray:
+    ok = predicted.notna() & measured.notna() & (measured > 0)
+    return (np.abs(predicted[ok] - measured[ok]) / measured[ok]).to_numpy()
+
+
+def _quantile(values: np.ndarray, q: float) -> float | None:
+    return float(np.quantile(values, q)) if len(values) else None
+
+
+def _mean(values: pd.Series) -> float | None:
+    return float(values.astype(bool).mean()) if len(values) else None
+
+
+def check(path: str | Path, spec: Spec) -> MemoryCheck:
+    """Read a runs CSV and score the spec's memory model and rules on it."""
+    return score(read_runs(path, spec), spec)
+

@@ -1,0 +1,142 @@
+"""memory-check: the planner and the memory model judged against the playbook's real 1B/8B runs.
+
+The reference files are read from ../shared/refdata (conftest's `refdata` fixture), never copied.
+The thresholds are the issue's targets for the public runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sweep import memcheck
+from sweep.cli import main
+from sweep.spec import Spec, load_spec
+
+CHARTS = "playbook_runs_1B_8B.csv"
+FULL = "playbook_bench_full_1B_8B.csv"
+
+
+@pytest.fixture(scope="module")
+def playbook(repo_root: Path) -> Spec:
+    return load_spec(repo_root / "examples" / "playbook.yaml")
+
+
+@pytest.fixture(scope="module")
+def charts(refdata: Path, playbook: Spec) -> memcheck.MemoryCheck:
+    return memcheck.check(refdata / CHARTS, playbook)
+
+
+@pytest.fixture(scope="module")
+def full(refdata: Path, playbook: Spec) -> memcheck.MemoryCheck:
+    return memcheck.check(refdata / FULL, playbook)
+
+
+def test_formats_are_told_apart_by_their_columns(refdata: Path) -> None:
+    assert memcheck.detect_format(list(pd.read_csv(refdata / CHARTS, nrows=1).columns)) == "charts"
+    assert memcheck.detect_format(list(pd.read_csv(refdata / FULL, nrows=1).columns)) == "full"
+    with pytest.raises(memcheck.RunsFileError, match=r"x\.csv: neither runs format.*'gpu_memory_GB'"):
+        memcheck.detect_format(["model_label", "nodes", "dp"], "x.csv")
+
+
+def test_charts_format_counts_and_nulls(charts: memcheck.MemoryCheck) -> None:
+    assert charts.n_success + charts.n_failed == 1643 and charts.n_skipped == 0
+    assert charts.n_success > 1000
+    for field in ("n_oom", "n_other", "oom_pruned_frac", "alloc_median_abs_rel_err",
+                  "alloc_p90_abs_rel_err"):
+        assert getattr(charts, field) is None, field
+
+
+def test_full_format_maps_every_row_including_failed_ones(full: memcheck.MemoryCheck) -> None:
+    # The failed rows lack KV heads and tying; shape columns and the name still place them.
+    assert (full.n_success, full.n_oom, full.n_other) == (1027, 372, 244)
+    assert full.n_failed == 372 + 244 and full.n_skipped == 0
+
+
+@pytest.mark.parametrize("which", ["charts", "full"])
+def test_planner_keeps_what_ran_and_prunes_what_failed(
+        which: str, request: pytest.FixtureRequest) -> None:
+    result: memcheck.MemoryCheck = request.getfixturevalue(which)
+    assert result.success_kept_frac is not None and result.success_kept_frac >= 0.99
+    assert result.best_kept is True
+    assert result.failed_pruned_frac is not None and result.failed_pruned_frac >= 0.80
+
+
+def test_full_format_targets_for_ooms_and_peaks(full: memcheck.MemoryCheck) -> None:
+    assert full.oom_pruned_frac is not None and full.oom_pruned_frac >= 0.90
+    assert full.alloc_median_abs_rel_err is not None and full.alloc_median_abs_rel_err <= 0.08
+    assert full.alloc_p90_abs_rel_err is not None and full.alloc_p90_abs_rel_err <= 0.25
+    assert full.reserved_median_abs_rel_err is not None
+    assert full.reserved_median_abs_rel_err <= 0.15
+    assert full.reserved_p90_abs_rel_err is not None and full.reserved_p90_abs_rel_err <= 0.45
+
+
+def test_charts_reserved_peak_targets(charts: memcheck.MemoryCheck) -> None:
+    assert charts.reserved_median_abs_rel_err is not None
+    assert charts.reserved_median_abs_rel_err <= 0.15
+    assert charts.reserved_p90_abs_rel_err is not None and charts.reserved_p90_abs_rel_err <= 0.45
+
+
+def test_runs_are_judged_at_their_own_batch(refdata: Path, playbook: Spec) -> None:
+    judged = memcheck.judge(memcheck.read_runs(refdata / CHARTS, playbook), playbook)
+    other_batch = judged.dp * judged.mbs * judged.grad_acc != 256
+    assert other_batch.sum() == 20
+    assert "batch" not in set(judged.prune_rule.dropna())
+    assert judged.loc[other_batch & (judged.outcome == "success"), "kept"].mean() > 0.5
+
+
+def test_rows_of_models_outside_the_spec_are_skipped_and_counted(
+        refdata: Path, playbook: Spec) -> None:
+    only_8b = with_models(playbook, ["playbook-8b"])
+    result = memcheck.check(refdata / FULL, only_8b)
+    names = pd.read_csv(refdata / FULL, usecols=["name"])["name"]
+    assert result.n_skipped == names.str.startswith("1.34G_").sum() > 0
+    assert result.n_success + result.n_failed + result.n_skipped == len(names)
+
+
+def test_the_name_decides_between_models_of_the_same_shape_columns(
+        refdata: Path, playbook: Spec) -> None:
+    # An untied twin of the 1B shares every shape column the failed rows keep; the parameter
+    # label at the start of `name` (1.34G: tied) picks the playbook model.
+    twin = {"name": "untied-1b", "num_layers": 16, "hidden_size": 2048,
+            "num_attention_heads": 32, "ffn_hidden_size": 8192, "vocab_size": 131072,
+            "tie_word_embeddings": False}
+    spec = with_models(playbook, ["playbook-1b", twin])
+    runs = memcheck.read_runs(refdata / FULL, spec)
+    assert set(runs.frame.model) == {"playbook-1b"}
+    assert runs.n_skipped == pd.read_csv(refdata / FULL, usecols=["name"])["name"] \
+        .str.startswith("8.86G_").sum()
+
+
+def with_models(spec: Spec, models: list[object]) -> Spec:
+    return Spec.model_validate({**spec.model_dump(), "models": models})
+
+
+def test_cli_json_is_one_object_with_exactly_the_fields(
+        refdata: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(repo_root / "examples" / "playbook.yaml")
+    assert main(["memory-check", str(refdata / CHARTS), "--spec", spec, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert tuple(data) == memcheck.FIELDS
+    assert data["n_oom"] is None and data["alloc_median_abs_rel_err"] is None
+    assert isinstance(data["best_kept"], bool)
+
+
+def test_cli_prints_every_field(refdata: Path, repo_root: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(repo_root / "examples" / "playbook.yaml")
+    assert main(["memory-check", str(refdata / FULL), "--spec", spec]) == 0
+    printed = capsys.readouterr().out
+    assert "full format" in printed
+    assert all(field in printed for field in memcheck.FIELDS)
+
+
+def test_cli_rejects_a_file_of_neither_format(refdata: Path, repo_root: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(repo_root / "examples" / "playbook.yaml")
+    bad = refdata / "model_architectures.csv"
+    assert main(["memory-check", str(bad), "--spec", spec]) == 2
+    assert "neither runs format" in capsys.readouterr().err
