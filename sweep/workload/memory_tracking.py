@@ -73,19 +73,28 @@ def oom_message(error: BaseException) -> str | None:
 
 
 def tracked_peak(run_step: Any, modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, int]:
-    """Run one step under MemTracker; the peak bytes per category (Parameter, Gradient, Optstate,
-    Activation, Temp, Total) on this rank's device.
+    """Run one step under MemTracker; this rank's peak bytes per category.
+
+    Keys: Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total (the breakdown at
+    the moment of the step's peak), and `activations_after_forward`: the activation bytes held
+    for backward when the forward pass ends, which is what recomputation reduces (at the step's
+    peak, usually inside the optimizer step, activations are already freed).
 
     MemTracker is the CPU analogue of CUDA `max_memory_allocated` and works with DDP, ZeRO-1,
     FSDP2 and TP, but not with pipeline parallelism (the caller checks).
     """
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 
     tracker = MemTracker()
     tracker.track_external(*modules, optimizer)
     with tracker:
         run_step()
-    peak = tracker.get_tracker_snapshot("peak")
-    per_device = next(iter(peak.values()))
-    return {str(k): int(v) for k, v in per_device.items()}
-
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    result = {getattr(k, "value", str(k)): int(v) for k, v in peak.items()}
+    after_forward = 0
+    for stats in tracker.memory_tracking.values():
+        for snapshot in stats.snapshots.get(_ModState.POST_FW, []):
+            for per_device in snapshot.values():
+                after_forward = max(after_forward, int(per_device.get(_MemRefType.ACT, 0)))
+    result["activations_after_forward"] = after_forward
+    return result

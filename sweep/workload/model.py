@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from sweep.model import ModelShape
 
@@ -72,7 +71,6 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.hidden_size, shape.kv_dim, bias=False)
         self.wv = nn.Linear(shape.hidden_size, shape.kv_dim, bias=False)
         self.wo = nn.Linear(shape.q_dim, shape.hidden_size, bias=False)
-        self.recompute_core = False  # selective recomputation: recompute SDPA only
         self.cp: ContextParallel | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,10 +83,7 @@ class Attention(nn.Module):
         k = apply_rope(self.wk(x).view(batch, seq, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.recompute_core:
-            out = checkpoint(self._core, q, k, v, use_reentrant=False)
-        else:
-            out = self._core(q, k, v)
+        out = self._core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

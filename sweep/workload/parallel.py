@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from sweep.layout import Layout
 from sweep.workload.model import ContextParallel, Transformer
@@ -102,17 +103,31 @@ def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh) -> None:
         block.attention.cp = cp
 
 
+def _saved_ops() -> list[Any]:
+    """Ops whose outputs selective recomputation keeps: the matmuls and the attention kernels."""
+    names = ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+    aten = torch.ops.aten
+    return [aten.mm.default] + [getattr(aten, n).default for n in names if hasattr(aten, n)]
+
+
+def _selective_context() -> Any:
+    return create_selective_checkpoint_contexts(_saved_ops())
+
+
 def apply_recompute(model: Transformer, mode: str) -> None:
-    """full: recompute each whole block in backward; selective: recompute core attention only."""
+    """full: recompute each whole block in backward; selective (torchtitan's "op" SAC): keep
+    matmul and attention outputs, recompute the cheap rest (norms, RoPE, SiLU, products)."""
     if mode == "none":
         return
+    if mode not in ("selective", "full"):
+        raise ValueError(f"layout.recompute: unknown mode {mode!r}; use none, selective or full")
     for name, block in list(model.layers.items()):
         if mode == "full":
             model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
-        elif mode == "selective":
-            block.attention.recompute_core = True
         else:
-            raise ValueError(f"layout.recompute: unknown mode {mode!r}; use none, selective or full")
+            model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False,
+                                                    context_fn=_selective_context)
 
 
 class DataParallel:

@@ -5,21 +5,59 @@ layouts keeps the golden tests fast. Each layout still builds its own device mes
 wrappers and optimizer through `sweep.workload.train.train`, exactly as the CLI does.
 
 Usage: torchrun --nproc-per-node N layouts_worker.py OUT.json RUN_DIR [RUN_DIR ...]
-Rank 0 writes {run_dir: {"losses": [...], "error": null | "<exception>"}} to OUT.json.
+Rank 0 writes {run_dir: {"losses": [...], "memtrack": [...] | null, "error": null | "<exception>"}}
+to OUT.json.
+
+Two test-only keys in run.json settings steer a layout (the workload ignores unknown settings):
+- `test_memtrack: true` runs the extra MemTracker step (as `--memtrack` does) and returns its peaks;
+- `test_unsynced_ddp: true` is the NEGATIVE CONTROL of the golden test: DDP is replaced by a
+  wrapper that never all-reduces, so each rank trains on its half of the batch. The golden
+  comparison must tell this broken layout apart from the real ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from sweep import runconfig
+from sweep.workload import parallel
 from sweep.workload.train import device_for, init_distributed, train
+
+
+class UnsyncedDDP(torch.nn.Module):
+    """Negative control: looks like DDP to the workload, but never reduces gradients."""
+
+    def __init__(self, module: torch.nn.Module, **_: Any) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> Any:
+        return self.module(*args)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.contextmanager
+def unsynced_ddp(active: bool) -> Iterator[None]:
+    real = parallel.DistributedDataParallel
+    if active:
+        parallel.DistributedDataParallel = UnsyncedDDP  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        parallel.DistributedDataParallel = real  # type: ignore[misc]
 
 
 def main() -> None:
@@ -30,11 +68,12 @@ def main() -> None:
         device = device_for(cfg)
         init_distributed(device, timeout_s=120)
         try:
-            result = train(cfg, run_dir)
-            results[str(run_dir)] = {"losses": result.losses, "error": None}
+            with unsynced_ddp(bool(cfg.settings.get("test_unsynced_ddp"))):
+                result = train(cfg, run_dir, memtrack=bool(cfg.settings.get("test_memtrack")))
+            results[str(run_dir)] = {"losses": result.losses, "memtrack": result.memtrack, "error": None}
         except Exception as error:  # noqa: BLE001 - reported to the test, which fails on it
             traceback.print_exc()
-            results[str(run_dir)] = {"losses": [], "error": f"{type(error).__name__}: {error}"}
+            results[str(run_dir)] = {"losses": [], "memtrack": None, "error": f"{type(error).__name__}: {error}"}
             break  # the group may be out of step after a failure
     if dist.get_rank() == 0:
         out.write_text(json.dumps(results, indent=1))

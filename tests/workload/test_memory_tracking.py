@@ -1,0 +1,56 @@
+"""Per-rank memory: the MemTracker comparisons the issue asks for, the probe, and OOM recognition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sweep.workload.memory_tracking import MemoryProbe, oom_message
+from tests.workload.conftest import LayoutRun
+
+
+def peaks(run: LayoutRun) -> dict[str, int]:
+    assert run.error is None, run.error
+    assert run.memtrack is not None and len(run.memtrack) == 2  # one breakdown per rank
+    return run.memtrack[0]
+
+
+def test_zero3_lowers_weight_and_optimizer_memory(two_rank: dict[str, LayoutRun]) -> None:
+    ddp, zero3 = peaks(two_rank["ddp"]), peaks(two_rank["fsdp2-zero3"])
+    assert zero3["Optstate"] < 0.6 * ddp["Optstate"]  # AdamW moments sharded over 2 ranks
+    assert zero3["Parameter"] < ddp["Parameter"]  # sharded, only one block unsharded at a time
+    assert zero3["Gradient"] < 0.6 * ddp["Gradient"]
+
+
+def test_recomputation_lowers_activation_memory(two_rank: dict[str, LayoutRun]) -> None:
+    none = peaks(two_rank["ddp"])["activations_after_forward"]
+    selective = peaks(two_rank["ddp-recompute_selective"])["activations_after_forward"]
+    full = peaks(two_rank["ddp-recompute_full"])["activations_after_forward"]
+    assert 0 < full < selective < none
+    assert full < 0.25 * none  # only the block inputs are kept
+
+
+def test_the_cpu_probe_reports_rss_growth_since_it_was_built() -> None:
+    probe = MemoryProbe(torch.device("cpu"))
+    before = probe.sample()
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    after = probe.sample()
+    assert probe.source == "cpu-rss"
+    assert after.reserved_bytes >= before.reserved_bytes
+    assert after.allocated_bytes - before.allocated_bytes > 32 * 1024 * 1024
+    del block
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                 "memory: you tried to allocate 1048576 bytes. Error code 12 (Cannot allocate memory)"),
+    MemoryError(),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+])
+def test_out_of_memory_errors_are_recognised(error: BaseException) -> None:
+    assert oom_message(error) is not None
+
+
+def test_other_errors_are_not_called_out_of_memory() -> None:
+    assert oom_message(RuntimeError("Connection closed by peer")) is None
+    assert oom_message(ValueError("shape mismatch")) is None
