@@ -6,6 +6,9 @@ metadata and are dropped before classifying). Lines written inline below are con
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,58 @@ def test_real_failure_logs(name):
     assert (verdict.outcome, verdict.reason, verdict.rule) == (outcome, reason, rule)
     assert evidence in verdict.evidence_lines[0]
     assert all(line in log_body(name) for line in verdict.evidence_lines)  # exact log lines
+
+
+# Output of real torchrun runs of WORKER on this project's machine (torch 2.13.0+cpu, gloo), kept as fixtures.
+GENERATED_LOGS = {
+    "gen_gloo_rank_raises.log": ("crashed", "python_exception:ValueError", "python_exception",
+                                 "[rank1]: ValueError: injected failure at step 2"),
+    "gen_gloo_rank_cpu_oom.log": ("oom", "cpu_alloc_oom", "cpu_oom",
+                                  "[rank1]: RuntimeError: [enforce fail at alloc_cpu.cpp:127] err == 0. "
+                                  "DefaultCPUAllocator: can't allocate memory: you tried to allocate 8589934592 bytes."),
+}
+
+WORKER = """\
+import resource, sys, torch, torch.distributed as dist
+mode = sys.argv[1]
+dist.init_process_group("gloo")
+r = dist.get_rank()
+t = torch.ones(4)
+for step in range(1, 4):
+    if step == 2 and r == 1:
+        if mode == "raise":
+            raise ValueError("injected failure at step 2")
+        if mode == "oom":
+            resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+            x = torch.empty(8 << 30, dtype=torch.uint8)
+    dist.all_reduce(t)
+    print(f"rank {r} step {step}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED_LOGS))
+def test_generated_gloo_failure_logs(name):
+    outcome, reason, rule, evidence = GENERATED_LOGS[name]
+    verdict = classify(Evidence(log_text=log_body(name), exit_codes={"node0": 1}, last_step=1))
+    assert (verdict.outcome, verdict.reason, verdict.rule) == (outcome, reason, rule)
+    assert verdict.evidence_lines[0].startswith(evidence)
+
+
+@pytest.mark.slow
+def test_a_real_rank_past_its_address_space_limit_is_oom(tmp_path):
+    """Real processes: torchrun, 2 gloo ranks; rank 1 allocates past RLIMIT_AS (the watchdog's OOM check)."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", "localhost:0", str(script), "oom"],
+        capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    verdict = classify(Evidence(log_text=run.stdout + run.stderr, exit_codes={"node0": run.returncode}))
+    assert run.returncode == 1
+    assert (verdict.outcome, verdict.reason, verdict.rule) == ("oom", "cpu_alloc_oom", "cpu_oom")
+    assert "DefaultCPUAllocator: can't allocate memory" in verdict.evidence_lines[0]
 
 
 def test_every_real_failure_fixture_is_covered():
