@@ -237,6 +237,8 @@ def _clean_exit(ctx: Context) -> Match | None:
     if codes and all(code == 0 for code in codes):
         if ctx.sacct is not None and ctx.sacct[0] != "completed":
             return None
+        if ev.hang_killed or (ev.signals and not ev.summary_written):
+            return None  # a launcher that exits 0 on our SIGTERM did not finish its work
         if ev.expected_steps is not None and not ev.summary_written and (ev.last_step or 0) < ev.expected_steps:
             return None  # exit 0 without the work: `exited_early` below
         return "completed", "exit_0", _exit_lines(ev)

@@ -159,6 +159,13 @@ def test_clean_exit_is_completed_and_early_exit_is_not():
     assert done.outcome == "completed"  # ended by the steady-state policy: the summary says so
 
 
+def test_exit_0_after_being_stopped_is_not_completed():
+    assert classify(Evidence(exit_codes={"node0": 0}, hang_killed=True, last_step=2)).outcome == "hang"
+    assert classify(Evidence(exit_codes={"node0": 0}, signals=("USR1",))).outcome == "timeout"
+    finished = classify(Evidence(exit_codes={"node0": 0}, signals=("USR1",), summary_written=True))
+    assert finished.outcome == "completed"  # the signal came after the summary: the work was done
+
+
 def test_a_caught_oom_does_not_fail_a_run_that_exited_cleanly():
     log = "[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"  # constructed
     assert classify(Evidence(exit_codes={"node0": 0}, log_text=log)).outcome == "completed"
