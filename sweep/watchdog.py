@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from sweep import cleanup, proctree
-from sweep.progress import LOGS_DIR, Progress, StepMatcher, read_tail
+from sweep.classify import Verdict, scan_log_for_failures
+from sweep.progress import LOGS_DIR, Progress, StepMatcher
 from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json
-from sweep.verdict import classify_node, merge_nodes, node_file, wait_for_node_files
+from sweep.verdict import decide, log_text, merge_nodes, node_file, wait_for_node_files
 
 EVENTS_FILE = "watchdog.jsonl"
 PROGRESS_EVENT_EVERY_S = 60.0
@@ -54,11 +55,13 @@ class WatchdogConfig:
     grace_s: float = 10.0  # after a hang or USR1: Slurm still gives us signal_before_s
     signal_grace_s: float = 3.0  # after TERM: Slurm sends KILL after KillWait (5-30 s)
     poll_s: float = 0.5
+    teardown_wait_s: float = 15.0  # a hang with a failure already logged: let the launcher exit
     node_wait_s: float = 30.0  # node 0 waits this long for the other nodes' files
     clean: bool = True
     shm_dir: Path = Path("/dev/shm")
     tmp_dir: Path = Path("/tmp")
     debris_min_age_s: float = 60.0
+    expected_steps: int | None = None  # the built-in workload's step budget (settings.steps)
 
     @property
     def tag(self) -> str:
@@ -90,6 +93,8 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
             raise WatchdogError(f"{run_dir}/run.json: settings.{key} = {value!r} must be a "
                                 f"positive number of seconds; fix it in the spec and render again")
         timeouts[key] = float(value)
+    steps = settings.get("steps")
+    expected = steps if run.framework == "builtin" and isinstance(steps, int) else None
     attempt_text = env.get(proctree.ATTEMPT_ENV) or attempt_dir.name
     if not attempt_text.isdigit():
         raise WatchdogError(f"cannot tell the attempt number: {proctree.ATTEMPT_ENV} is unset and "
@@ -108,7 +113,8 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         attempt=int(attempt_text), framework=run.framework,
         node_index=env_int("SLURM_NODEID", 0), nnodes=env_int("SLURM_NNODES", run.nodes),
         node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
-        slurm_job_id=env.get("SLURM_JOB_ID") or None, **timeouts, **overrides)
+        slurm_job_id=env.get("SLURM_JOB_ID") or None, expected_steps=expected, **timeouts,
+        **overrides)
 
 
 def _step_matcher(framework: str) -> StepMatcher | None:
@@ -215,27 +221,26 @@ class Watchdog:
                    orphans_reaped=self.orphans_reaped)
         self.progress.poll()  # what the run wrote while it went down
         oom_after = _cgroup_oom_kills()
-        evidence = {
+        observed = {
             "exit_code": self.exit_code, "launch_error": launch_error,
             "signals": [name for name, _ in self.signals], "hang": hang,
             "last_step": self.progress.last_step, "steps_seen": self.progress.steps_seen,
-            "stdout_tail": read_tail(self.logs / f"node{cfg.node_index}.out"),
-            "stderr_tail": read_tail(self.logs / f"node{cfg.node_index}.err"),
+            "summary_written": self.progress.summary is not None,
             "cgroup_oom_kills": (oom_after - oom_before
                                  if oom_after is not None and oom_before is not None else None),
-            "framework": cfg.framework,
+            "stop": stop.to_json(), "stop_at": stop_at,
         }
-        verdict = classify_node(evidence)
-        record = self._node_record(verdict, evidence, started_at, stop_at, stop.to_json())
-        atomic_write_json(node_file(cfg.attempt_dir, cfg.node_index), record)
-        self.event("node_verdict", outcome=record["outcome"], reason=record["reason"],
-                   rule=record["rule"])
-        if cfg.node_index == 0:
+        k = cfg.node_index
+        verdict = decide({k: observed}, log_text(cfg.attempt_dir, [k]), cfg.expected_steps)
+        record = self._node_record(verdict, observed, started_at)
+        atomic_write_json(node_file(cfg.attempt_dir, k), record)
+        self.event("node_verdict", outcome=verdict.outcome, reason=verdict.reason, rule=verdict.rule)
+        if k == 0:
             others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, cfg.node_wait_s)
-            status = merge_nodes(record, others, cfg.nnodes)
+            status = merge_nodes(cfg.attempt_dir, record, others, cfg.nnodes, cfg.expected_steps)
             atomic_write_json(cfg.attempt_dir / STATUS_FILE, status)
             self.event("status", outcome=status["outcome"], reason=status["reason"],
-                       missing_nodes=status.get("missing_nodes", []))
+                       rule=status["rule"], missing_nodes=status["missing_nodes"])
         usage = os.times()
         self.event("exit", cpu_self_s=usage.user + usage.system,
                    survivors=stop.survivors)
@@ -272,6 +277,7 @@ class Watchdog:
         cfg = self.config
         launched = time.monotonic()
         last_event = 0.0
+        teardown_until: float | None = None
         while True:
             self._collect(proctree.reap())
             before = self.progress.steps_seen
@@ -293,26 +299,35 @@ class Watchdog:
                 idle, limit, phase = now - launched, cfg.startup_timeout_s, "startup"
             else:
                 idle, limit, phase = now - self.progress.last_progress, cfg.hang_timeout_s, "step"
-            if idle > limit:
+            if idle > limit and teardown_until is None and self._failure_logged():
+                # A rank already failed and the launcher is tearing down (torchrun can take
+                # seconds): give it time to exit, so the failure, not a hang, is the verdict.
+                teardown_until = now + cfg.teardown_wait_s
+                self.event("hang_deferred", phase=phase, idle_s=round(idle, 3),
+                           wait_s=cfg.teardown_wait_s)
+            if idle > limit and (teardown_until is None or now >= teardown_until):
                 hang = {"phase": phase, "timeout_s": limit, "idle_s": round(idle, 3),
                         "last_step": self.progress.last_step}
                 self.event("hang", **hang)
                 return hang
             time.sleep(cfg.poll_s)
 
-    def _node_record(self, verdict: dict[str, Any], evidence: dict[str, Any], started_at: float,
-                     stop_at: float, stop: dict[str, Any]) -> dict[str, Any]:
+    def _failure_logged(self) -> bool:
+        text = log_text(self.config.attempt_dir, [self.config.node_index])
+        return any(f.outcome in ("oom", "crashed") for f in scan_log_for_failures(text))
+
+    def _node_record(self, verdict: Verdict, observed: dict[str, Any],
+                     started_at: float) -> dict[str, Any]:
         cfg = self.config
         return {
-            "run_id": cfg.run_id, "attempt": cfg.attempt, "outcome": verdict["outcome"],
-            "reason": verdict["reason"], "rule": verdict["rule"],
-            "evidence": list(verdict["evidence"]), "last_step": self.progress.last_step,
+            "run_id": cfg.run_id, "attempt": cfg.attempt, "outcome": verdict.outcome,
+            "reason": verdict.reason, "rule": verdict.rule, "evidence": list(verdict.evidence_lines),
+            "last_step": self.progress.last_step,
             "exit_codes": {f"node{cfg.node_index}": self.exit_code},
-            "signals": evidence["signals"], "started_at": started_at, "ended_at": time.time(),
+            "signals": observed["signals"], "started_at": started_at, "ended_at": time.time(),
             "node": cfg.node_name, "node_index": cfg.node_index, "nodes": [cfg.node_name],
             "slurm_job_id": cfg.slurm_job_id, "hostname": socket.gethostname(),
-            "writer": "watchdog", "cause_at": stop_at, "hang": evidence["hang"],
-            "cgroup_oom_kills": evidence["cgroup_oom_kills"], "stop": stop,
+            "writer": "watchdog", "observed": observed,
         }
 
 
@@ -322,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attempt-dir", type=Path, required=True, help="attempts/<n> of the run")
     parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM -> SIGKILL after a hang or USR1")
     parser.add_argument("--signal-grace-s", type=float, default=3.0, help="SIGTERM -> SIGKILL after TERM/INT")
+    parser.add_argument("--teardown-wait-s", type=float, default=15.0,
+                        help="when a failure is already logged at hang time, wait this long for the launcher to exit")
     parser.add_argument("--poll-s", type=float, default=0.5, help="how often progress is checked")
     parser.add_argument("--node-wait-s", type=float, default=30.0,
                         help="how long node 0 waits for the other nodes' verdicts")
@@ -336,14 +353,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    for name in ("grace_s", "signal_grace_s", "poll_s", "node_wait_s", "debris_min_age_s"):
+    for name in ("grace_s", "signal_grace_s", "teardown_wait_s", "poll_s", "node_wait_s",
+                 "debris_min_age_s"):
         if getattr(args, name) < 0:
             print(f"watchdog: --{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
     try:
         config = load_config(
             args.run_dir.resolve(), args.attempt_dir.resolve(), command,
-            grace_s=args.grace_s, signal_grace_s=args.signal_grace_s, poll_s=args.poll_s,
+            grace_s=args.grace_s, signal_grace_s=args.signal_grace_s,
+            teardown_wait_s=args.teardown_wait_s, poll_s=args.poll_s,
             node_wait_s=args.node_wait_s, clean=not args.no_clean, shm_dir=args.shm_dir,
             tmp_dir=args.tmp_dir, debris_min_age_s=args.debris_min_age_s)
     except WatchdogError as exc:

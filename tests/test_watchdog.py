@@ -138,11 +138,24 @@ def test_no_new_step_within_the_hang_timeout_is_a_hang_and_the_whole_tree_dies(r
     status = run.status
     assert done.returncode == 1
     assert (status["outcome"], status["reason"], status["last_step"]) == ("hang", "no_progress_step", 2)
-    assert "no new step" in status["evidence"][0]
+    assert "watchdog: no progress after step 2; stopped the process tree" in status["evidence"]
     assert elapsed < 2 + 10
     assert run.survivors() == []
-    stop = read_json(run.attempt / "node0.json")["stop"]
+    stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
     assert len(stop["escaped"]) == 1 and stop["survivors"] == []
+
+
+def test_a_launcher_that_exits_0_on_our_sigterm_is_still_a_hang(tmp_path: Path) -> None:
+    run = Run(tmp_path, steps=10)
+    done = run.supervise(run.python("""
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        steps(2)
+        time.sleep(300)
+    """))
+    assert done.returncode == 1
+    assert run.status["exit_codes"] == {"node0": 0}
+    assert (run.status["outcome"], run.status["last_step"]) == ("hang", 2)
 
 
 def test_no_first_step_within_the_startup_timeout_is_a_startup_hang(run: Run) -> None:
@@ -157,7 +170,7 @@ def test_a_grandchild_that_escaped_with_setsid_is_found_by_tag_and_killed(run: R
     done = run.supervise(["bash", "-c", "setsid sleep 300 & echo $! > escaped.pid; "
                                         f"{sys.executable} -c 'print(1)'; exit 0"])
     assert done.returncode == 0, done.stderr
-    stop = read_json(run.attempt / "node0.json")["stop"]
+    stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
     assert stop["escaped"] and stop["survivors"] == []
     assert run.status["outcome"] == "completed"
     assert run.survivors() == []
@@ -178,7 +191,7 @@ def test_zombies_left_by_the_launcher_are_reaped_by_the_watchdog(run: Run) -> No
     done = run.supervise(launcher)
     assert done.returncode == 1 and run.status["outcome"] == "hang"
     zombies = {int(pid) for pid in (run.attempt / "logs" / "node0.out").read_text().split()}
-    stop = read_json(run.attempt / "node0.json")["stop"]
+    stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
     assert zombies <= set(stop["reaped"])  # reparented to the watchdog (subreaper), reaped there
     assert not any(Path(f"/proc/{pid}").exists() for pid in zombies)
 
@@ -266,8 +279,9 @@ def test_node0_writes_the_runs_verdict_from_the_node_that_failed_first(tmp_path:
     node1.communicate(timeout=60)
     node0.communicate(timeout=60)
     status = run.status
-    assert (status["outcome"], status["node"], status["decided_by_node"]) == ("crashed", "n1", 1)
-    assert "RuntimeError: rank 1 died" in status["evidence"]
+    assert (status["outcome"], status["node"]) == ("crashed", "n0")
+    assert status["evidence"] == ["RuntimeError: rank 1 died"]
+    assert read_json(run.attempt / "node1.json")["outcome"] == "crashed"
     assert status["exit_codes"] == {"node0": 3, "node1": 1} and status["nodes"] == ["n0", "n1"]
     assert (run.attempt / "status.json").stat().st_mtime_ns >= (run.attempt / "node1.json").stat().st_mtime_ns
 
@@ -297,3 +311,112 @@ def test_a_launcher_that_cannot_start_is_crashed(run: Run) -> None:
     assert done.returncode == 127
     assert (run.status["outcome"], run.status["reason"]) == ("crashed", "launcher_failed_to_start")
     assert "no-such-launcher" in json.dumps(run.status["evidence"])
+
+
+# --- real torch.distributed ranks (gloo on CPU) under torchrun -------------------------------
+
+RANK = """
+import json, os, resource, sys, time
+import torch
+import torch.distributed as dist
+
+mode = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+attempt = os.environ["SWEEP_ATTEMPT_DIR"]
+with open(os.path.join(attempt, f"rank{rank}.pid"), "w") as f:
+    f.write(str(os.getpid()))
+x = torch.ones(4)
+for step in range(1, 100000):
+    if step == 3 and rank == 1:
+        if mode == "hang":    # stops calling collectives; rank 0 waits in all_reduce
+            time.sleep(3600)
+        if mode == "oom":     # a per-rank address-space limit, as rank_memory_limit_mb sets
+            with open("/proc/self/status") as status:
+                vm = next(int(l.split()[1]) for l in status if l.startswith("VmSize:")) * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), vm + (256 << 20)))
+            torch.empty(4 << 30, dtype=torch.uint8)
+        if mode == "raise":
+            raise RuntimeError("rank 1 lost its shard at step 3")
+    dist.all_reduce(x)
+    if rank == 0:
+        with open(os.path.join(attempt, "metrics.jsonl"), "a") as f:
+            f.write(json.dumps({"kind": "step", "step": step, "time": time.time()}) + "\\n")
+    time.sleep(0.2)
+"""
+
+
+def torchrun(run: Run, mode: str) -> list[str]:
+    script = run.root / "rank.py"
+    script.write_text(RANK)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "--monitor-interval", "0.2", str(script), mode]
+
+
+def rank_pids(run: Run) -> list[int]:
+    return [int((run.attempt / f"rank{r}.pid").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture
+def gloo_run(tmp_path: Path) -> Iterator[Run]:
+    made = Run(tmp_path, startup_timeout_s=60, hang_timeout_s=3)
+    yield made
+    for p in made.survivors():
+        os.kill(p.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_gloo_a_rank_that_stops_calling_collectives_is_a_hang_and_nothing_survives(gloo_run: Run) -> None:
+    run = gloo_run
+    proc = run.start(torchrun(run, "hang"))
+    proc.communicate(timeout=120)
+    status = run.status
+    assert (status["outcome"], status["last_step"]) == ("hang", 2)
+    hang = run.events("hang")[0]
+    last_step_at = max(r["time"] for r in read_jsonl(run.attempt / "metrics.jsonl"))
+    assert hang["time"] - last_step_at <= 3 + 10
+    assert run.survivors() == []
+    assert not any(proctree.alive(pid) for pid in rank_pids(run))
+    stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
+    assert set(rank_pids(run)) <= set(stop["escaped"])  # torchrun puts ranks in new sessions
+
+
+@pytest.mark.slow
+def test_gloo_a_rank_past_its_address_space_limit_is_oom_with_the_allocator_line(gloo_run: Run) -> None:
+    run = gloo_run
+    proc = run.start(torchrun(run, "oom"))
+    proc.communicate(timeout=120)
+    status = run.status
+    assert status["outcome"] == "oom", status
+    assert any("DefaultCPUAllocator: can't allocate memory" in line for line in status["evidence"])
+    assert run.survivors() == []
+
+
+@pytest.mark.slow
+def test_gloo_a_rank_that_raises_is_crashed_with_its_traceback_line(gloo_run: Run) -> None:
+    run = gloo_run
+    proc = run.start(torchrun(run, "raise"))
+    proc.communicate(timeout=120)
+    status = run.status
+    assert status["outcome"] == "crashed", status
+    assert status["evidence"] == ["[rank1]: RuntimeError: rank 1 lost its shard at step 3"]
+    assert status["exit_codes"] == {"node0": 1}
+    assert run.survivors() == []
+
+
+@pytest.mark.slow
+def test_gloo_when_torchrun_is_sigkilled_its_workers_are_found_by_tag_and_killed(gloo_run: Run) -> None:
+    run = gloo_run
+    proc = run.start(torchrun(run, "train"))
+    _wait_for_step(run, timeout=60)
+    launcher = run.events("launch")[0]["pid"]
+    workers = rank_pids(run)
+    assert all(proctree.alive(pid) for pid in workers)
+    os.kill(launcher, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    status = run.status
+    assert status["exit_codes"] == {"node0": -signal.SIGKILL}
+    assert status["outcome"] == "crashed", status
+    assert not any(proctree.alive(pid) for pid in workers)
+    assert set(workers) <= set(read_json(run.attempt / "node0.json")["observed"]["stop"]["escaped"])
+    assert run.survivors() == []
