@@ -1,0 +1,105 @@
+"""The playbook-style heatmap: models × nodes, each cell the best run's MFU, layout and memory.
+
+Colour is the MFU of the best configuration (under the chosen convention); the annotation reads
+like the playbook's (DP/TP/PP, GAS/MBS/ZeRO); an empty cell is grey and says why it is empty.
+A dagger marks cells whose best configuration changes with the convention or the metric.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Collection
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.colors import Normalize
+from matplotlib.patches import Rectangle
+
+from analysis.best import describe
+from analysis.style import EMPTY_CELL, HEATMAP_CMAP, paper_style, save, text_colour
+
+
+def _layout_lines(cell: pd.Series) -> list[str]:
+    first = f"DP{int(cell['dp'])} TP{int(cell['tp'])} PP{int(cell['pp'])}"
+    extra = [f"CP{int(cell['cp'])}" for _ in [0] if pd.notna(cell.get("cp")) and cell["cp"] > 1]
+    extra += [f"EP{int(cell['ep'])}" for _ in [0] if pd.notna(cell.get("ep")) and cell["ep"] > 1]
+    second = f"GAS{int(cell['grad_acc'])} MBS{int(cell['mbs'])} ZeRO-{int(cell['zero_stage'])}"
+    lines = [" ".join([first, *extra]), second]
+    if isinstance(cell.get("recompute"), str) and cell["recompute"] != "none":
+        lines.append(f"recompute {cell['recompute']}")
+    return lines
+
+
+def _model_tick(best: pd.DataFrame, label: str) -> str:
+    params = best.loc[best["model"] == label, "model_params"].dropna()
+    return f"{label}\n({params.iloc[0] / 1e9:.2f} B params)" if not params.empty else label
+
+
+def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, int]] = (),
+                 title: str | None = None) -> list[Path]:
+    """Draw `best` (analysis.best.best_configs output); write stem.{png,pdf,svg}."""
+    models = list(dict.fromkeys(best["model"]))
+    nodes = sorted(set(int(n) for n in best["nodes"]))
+    metric, convention = best["metric"].iloc[0], best["convention"].iloc[0]
+    values = np.full((len(models), len(nodes)), np.nan)
+    for _, cell in best.iterrows():
+        if pd.notna(cell.get("mfu_pct")):
+            values[models.index(cell["model"]), nodes.index(int(cell["nodes"]))] = cell["mfu_pct"]
+    finite = values[np.isfinite(values)]
+    norm = Normalize(vmin=0.0, vmax=max(float(finite.max()) if finite.size else 1.0, 1e-9))
+    cmap = plt.get_cmap(HEATMAP_CMAP)
+    with paper_style():
+        fig, ax = plt.subplots(figsize=(1.05 + 1.62 * len(nodes), 0.9 + 1.2 * len(models)))
+        edges_x, edges_y = np.arange(len(nodes) + 1) - 0.5, np.arange(len(models) + 1) - 0.5
+        image = ax.pcolormesh(edges_x, edges_y, np.ma.masked_invalid(values), cmap=cmap, norm=norm,
+                              edgecolors="white", linewidth=2)  # vector cells: no resampling
+        ax.set_xlim(edges_x[0], edges_x[-1])
+        ax.set_ylim(edges_y[-1], edges_y[0])  # first model on top
+        for _, cell in best.iterrows():
+            row, col = models.index(cell["model"]), nodes.index(int(cell["nodes"]))
+            _annotate(ax, cell, row, col, cmap, norm, (cell["model"], int(cell["nodes"])) in flagged)
+        ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
+        ax.set_yticks(range(len(models)), [_model_tick(best, m) for m in models])
+        gpus = best.loc[best["nodes"] == nodes[0], "world_size"].dropna()
+        per_node = f" ({int(gpus.iloc[0]) // nodes[0]} GPUs each)" if not gpus.empty else ""
+        ax.set_xlabel(f"Nodes{per_node}")
+        ax.set_ylabel("Model")
+        ax.tick_params(length=0)
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+        bar = fig.colorbar(image, ax=ax, fraction=0.035, pad=0.015)
+        bar.set_label(f"MFU (%), {convention}" if convention != "reported" else "MFU (%), as reported")
+        ranked = describe(metric, convention)
+        ax.set_title(title or f"Best configuration per cell, ranked by {ranked}", loc="left")
+        notes = ["Cell: MFU of the best run; DP TP PP; GAS MBS ZeRO; peak memory reserved (GiB)."]
+        if flagged:
+            notes.append("† the best configuration changes with the FLOPs convention or the "
+                         "metric; see the flags in the report.")
+        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5, color="#444444",
+                 transform=fig.transFigure)
+        return save(fig, stem)
+
+
+def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int, cmap, norm: Normalize,
+              flagged: bool) -> None:
+    if pd.isna(cell.get("mfu_pct")):
+        ax.add_patch(Rectangle((col - 0.5 + 0.012, row - 0.5 + 0.02), 0.976, 0.96,
+                               facecolor=EMPTY_CELL, edgecolor="#CCCCCC", hatch="///",
+                               linewidth=0, zorder=1))
+        reason = cell.get("empty_reason") or "no value"
+        ax.text(col, row, "\n".join(textwrap.wrap(str(reason), 20)), ha="center", va="center",
+                fontsize=6.5, color="#333333", zorder=2,
+                bbox={"boxstyle": "round,pad=0.2", "facecolor": EMPTY_CELL, "edgecolor": "none"})
+        return
+    colour = text_colour(cmap(norm(cell["mfu_pct"])))
+    mark = " †" if flagged else ""
+    ax.text(col, row - 0.27, f"{cell['mfu_pct']:.2f}%{mark}", ha="center", va="center",
+            fontsize=9, fontweight="bold", color=colour)
+    lines = _layout_lines(cell)
+    memory = cell.get("gpu_memory_GB")
+    if pd.notna(memory):
+        lines.append(f"{memory:.2f} GiB")
+    ax.text(col, row + 0.12, "\n".join(lines), ha="center", va="center", fontsize=6.6,
+            color=colour, linespacing=1.25)

@@ -1,0 +1,105 @@
+"""write_report and `sweep report`: every figure in three formats, tables, flags, index.html."""
+
+from __future__ import annotations
+
+import html.parser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.report import write_report
+from sweep.cli import main
+from sweep.collect import write_runs
+from sweep.playbook_import import import_playbook
+from sweep.schema import to_table
+
+FIGURES = ("heatmap_best", "scaling", "failures", "mfu_distribution")
+
+
+@pytest.fixture(scope="module")
+def runs_parquet(refdata: Path, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("playbook") / "runs.parquet"
+    write_runs(to_table(import_playbook(refdata / "playbook_runs_1B_8B.csv")), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def report(runs_parquet: Path, tmp_path_factory):
+    return write_report(pd.read_parquet(runs_parquet), tmp_path_factory.mktemp("report"))
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in ("src", "href") and value:
+                self.targets.append(value)
+
+
+def test_every_figure_is_written_as_png_300dpi_pdf_and_svg(report) -> None:
+    from PIL import Image
+
+    for stem in FIGURES:
+        png = report.out_dir / f"{stem}.png"
+        with Image.open(png) as image:
+            assert round(image.info["dpi"][0]) == 300
+            assert image.width > 1500  # a 300-dpi figure several inches wide
+        assert (report.out_dir / f"{stem}.pdf").read_bytes().startswith(b"%PDF")
+        assert b"<svg" in (report.out_dir / f"{stem}.svg").read_bytes()[:2000]
+
+
+def test_svg_keeps_the_annotations_as_text(report) -> None:
+    svg = (report.out_dir / "heatmap_best.svg").read_text()
+    assert "44.32% †" in svg and "DP4 TP1 PP2" in svg and "41.76 GiB" in svg
+
+
+def test_index_html_links_every_figure_and_table_that_exists(report) -> None:
+    parser = _Links()
+    parser.feed((report.out_dir / "index.html").read_text())
+    for stem in FIGURES:
+        assert f"{stem}.png" in parser.targets
+    for name in ("best_configs.csv", "best_configs.md", "best_configs.tex"):
+        assert name in parser.targets
+    for target in parser.targets:
+        assert (report.out_dir / target).is_file(), target
+
+
+def test_the_report_says_why_the_pp2_cells_change(report) -> None:
+    text = (report.out_dir / "flags.md").read_text()
+    assert "it follows pp" in text and "tied vocabulary matrix is counted a second time" in text
+    changes = [f for f in report.flags if f.kind == "best-config-changes"]
+    assert {(f.model, f.nodes) for f in changes} == {("1B", 1), ("1B", 2), ("1B", 4), ("1B", 8)}
+    assert "not on one basis" in (report.out_dir / "index.html").read_text()
+
+
+def test_tables_come_in_markdown_latex_and_full_precision_csv(report) -> None:
+    tex = (report.out_dir / "best_configs.tex").read_text()
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
+    assert "MFU (\\%)" in tex and "44.32" in tex
+    markdown = (report.out_dir / "best_configs.md").read_text().splitlines()
+    assert markdown[0].startswith("| Model | Nodes |") and len(markdown) == 2 + 14
+    csv = pd.read_csv(report.out_dir / "best_configs.csv")
+    assert csv.loc[0, "mfu_pct"] == 44.32406064372896
+    failures = pd.read_csv(report.out_dir / "failures.csv")
+    assert failures[["completed", "failed"]].to_numpy().sum() == 1643
+
+
+def test_sweep_report_command(runs_parquet: Path, tmp_path, capsys) -> None:
+    out = tmp_path / "out"
+    assert main(["report", str(runs_parquet), "--out", str(out), "--metric", "tokens_per_sec_per_gpu",
+                 "--convention", "full_attention"]) == 0
+    assert (out / "index.html").is_file() and (out / "heatmap_best.svg").is_file()
+    assert "14/14 cells" in capsys.readouterr().out
+    first = pd.read_csv(out / "best_configs.csv").iloc[0]  # fastest 1B run on one node: PP=1
+    assert (first["model"], first["nodes"], first["pp"], first["dp"]) == ("1B", 1, 1, 8)
+    assert first["mfu_pct"] == pytest.approx(100 * 40149.94 * 9664081920.0 / 989.5e12, rel=1e-12)
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "bad.parquet"
+    pd.DataFrame({"run_id": ["x"]}).to_parquet(bad)
+    assert main(["report", str(bad), "--out", str(tmp_path / "o2")]) == 2
+    assert "missing columns" in capsys.readouterr().err
