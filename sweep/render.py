@@ -10,8 +10,10 @@ file. Rendering is idempotent: a file whose content would not change is not rewr
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -192,20 +194,34 @@ def render_files(env: jinja2.Environment, config: RunConfig, run_dir: Path,
 
 # Writing ---------------------------------------------------------------------------------
 
-def write_if_changed(path: Path, text: str) -> bool:
-    """Write atomically unless the file already holds exactly this text."""
+def write_if_changed(path: Path, text: str, durable: bool = True) -> bool:
+    """Write atomically unless the file already holds exactly this text.
+
+    run.json is state (the watchdog, the workload and collect read it): written with
+    sweep.state's fsync'd writer. Scripts are derived artifacts that `sweep render` regenerates
+    at will: they are still replaced atomically (rename), so sbatch never reads half a script,
+    but without an fsync each, which would make rendering a large sweep disk-bound (14,000
+    fsyncs for the playbook)."""
     try:
         if path.read_text(encoding="utf-8") == text:
             return False
     except (FileNotFoundError, UnicodeDecodeError):
         pass
-    atomic_write_text(path, text)
+    if durable:
+        atomic_write_text(path, text)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
     return True
 
 
 def write_run(run_dir: Path, files: Mapping[str, str]) -> int:
     """Bring one run folder to exactly these files; returns how many were (re)written."""
-    written = sum(write_if_changed(run_dir / rel, text) for rel, text in files.items())
+    written = sum(write_if_changed(run_dir / rel, text, durable=rel == RUN_FILE)
+                  for rel, text in files.items())
     launch = run_dir / LAUNCH_DIR
     wanted = {run_dir / rel for rel in files}
     for stale in launch.iterdir() if launch.is_dir() else ():
