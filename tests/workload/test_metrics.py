@@ -1,0 +1,66 @@
+"""metrics.jsonl records: the contract's fields, FLOPs from sweep.flops, the steady-state summary."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from sweep.catalog import get_model
+from sweep.flops import flops_per_token_all
+from sweep.workload.metrics import MetricsWriter, RunFacts, step_record, summary_record
+
+FACTS = RunFacts(shape=get_model("tiny-4l"), seq_len=64, tokens_per_step=256, world_size=2,
+                 peak_flops=1e11, peak_flops_source="measured:cpu-matmul-fp32", mem_source="cpu-rss")
+TIMES = [0.9, 0.21, 0.2, 0.23, 0.19]
+
+
+def steps() -> list[dict]:
+    return [step_record(FACTS, i + 1, t, 7.0 - 0.1 * i, [(100 + i, 200 + i), (150, 90)], now=1000.0 + i)
+            for i, t in enumerate(TIMES)]
+
+
+def test_a_step_record_derives_throughput_and_mfu_from_one_formula() -> None:
+    record = steps()[1]
+    flops = flops_per_token_all(FACTS.shape, 64)
+    assert record["flops_per_token"] == flops
+    assert record["tokens_per_sec"] == 256 / 0.21
+    assert record["tokens_per_sec_per_gpu"] == 256 / 0.21 / 2
+    for name, value in flops.items():
+        assert record["mfu"][name] == pytest.approx(256 / 0.21 / 2 * value / 1e11, rel=1e-12)
+    assert record["mfu_pct"] == 100 * record["mfu"]["full_attention"]
+
+
+def test_a_step_record_reports_the_max_over_ranks_and_each_rank() -> None:
+    record = steps()[1]
+    assert record["mem_allocated_bytes"] == 150 and record["mem_reserved_bytes"] == 201
+    assert record["mem_per_rank"] == [{"rank": 0, "allocated_bytes": 101, "reserved_bytes": 201},
+                                      {"rank": 1, "allocated_bytes": 150, "reserved_bytes": 90}]
+
+
+def test_the_summary_skips_warmup_and_uses_the_sample_std() -> None:
+    summary = summary_record(FACTS, steps(), 1, ended_by="step_budget", device="cpu", torch_version="x")
+    steady = TIMES[1:]
+    assert summary["step_time_mean_s"] == statistics.fmean(steady)
+    assert summary["step_time_std_s"] == statistics.stdev(steady)  # ddof=1
+    assert summary["step_time_n"] == 4 and summary["warmup_steps_skipped"] == 1
+    assert summary["tokens_per_sec"] == 256 / statistics.fmean(steady)
+    assert summary["steady_state_policy"] == "skip first 1 steps; mean/std (ddof=1) over steps 2..5"
+    assert summary["final_loss"] == steps()[-1]["loss"]
+    assert summary["mem_reserved_bytes"] == 204
+
+
+def test_a_single_steady_step_has_no_std() -> None:
+    summary = summary_record(FACTS, steps()[:2], 1, ended_by="step_budget", device="cpu", torch_version="x")
+    assert summary["step_time_n"] == 1 and summary["step_time_std_s"] is None
+    json.dumps(summary, allow_nan=False)  # valid JSON, no NaN
+
+
+def test_the_writer_appends_whole_lines_readable_at_once(tmp_path) -> None:
+    writer = MetricsWriter(tmp_path / "attempt" / "metrics.jsonl")
+    for count, record in enumerate(steps(), start=1):
+        writer.write(record)
+        lines = (tmp_path / "attempt" / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == count and json.loads(lines[-1])["step"] == count
+    assert writer.seconds > 0
