@@ -38,8 +38,6 @@ def log_text(attempt_dir: Path, nodes: list[int]) -> str:
 def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int | None) -> Verdict:
     """The verdict for the nodes in `observed` (one node, or all of them on node 0)."""
     errors = [o["launch_error"] for o in observed.values() if o.get("launch_error")]
-    if errors:
-        return Verdict("crashed", "launcher_failed_to_start", tuple(errors), "watchdog_launch_error")
     hangs = [o["hang"] for o in observed.values() if o.get("hang")]
     steps = [o["last_step"] for o in observed.values() if o.get("last_step") is not None]
     kills = [o["cgroup_oom_kills"] for o in observed.values() if o.get("cgroup_oom_kills")]
@@ -53,6 +51,7 @@ def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int |
         expected_steps=expected_steps,
         summary_written=any(o.get("summary_written") for o in observed.values()),
         oom_kill_count=sum(kills) if kills else None,
+        launch_error="; ".join(errors) or None,
     )
     return classify(evidence)
 
