@@ -1,0 +1,426 @@
+"""Search strategies that find each cell's best configuration without running every candidate.
+
+A *cell* is one (model, nodes) pair; its *candidates* are plan rows. A strategy asks an oracle
+for outcomes in rounds and records every candidate it did not run, with the reason:
+
+- ``exhaustive``: everything, in one round (today's behaviour).
+- ``pruned``: ascending micro-batch per layout, with OOM-monotonic skipping. A layout that OOMs
+  at micro-batch k is not run at larger micro-batches, and a candidate that needs at least as
+  much memory as an OOMed one on every component is not run at all.
+- ``adaptive``: rounds of the top-k candidates per cell by optimistic predicted tokens/s/GPU. After
+  each round the throughput model is refitted on every completed run, and each cell's predictions
+  are rescaled by its own measured/predicted ratio. A cell closes when no untried candidate's
+  optimistic prediction (prediction × the cell's upper residual quantile) beats the best measured
+  run by more than ε. The OOM rules of ``pruned`` apply too.
+
+The oracle is a table of outcomes, so the same code replays a published sweep (`sweep replay`)
+and drives a live one. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from sweep.calibrate import fit_matrix
+from sweep.throughput import Coefficients, Workload, features, tokens_per_step
+
+STRATEGIES: Final = ("exhaustive", "pruned", "adaptive")
+CELL: Final = ("model", "nodes")
+# Columns that define a layout apart from the micro-batch split of the global batch.
+LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
+FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
+MEMORY_COMPONENTS: Final = ("mem_states", "mem_activations", "mem_logits")
+
+
+@dataclass(frozen=True)
+class Params:
+    """Knobs of the adaptive strategy (and the GPU-hour accounting shared by all)."""
+
+    k: int = 4                 # candidates per open cell per round
+    epsilon: float = 0.02      # close a cell when nothing can beat its best by more than this
+    quantile: float = 0.9      # optimism: this quantile of the cell's log(measured/predicted)
+    min_margin: float = 0.05   # ... but never less optimistic than this
+    max_rounds: int = 200
+    min_fit_runs: int = 8      # completed runs before the model is refitted
+    min_cell_runs: int = 32    # runs launched in a cell before it may close
+    fit_iterations: int = 800
+    failed_is_oom: bool = False  # treat an unclassified failure like an OOM in the skip rules
+
+
+@dataclass
+class Search:
+    """What a strategy did: runs launched (in order), candidates skipped, and per-cell progress."""
+
+    strategy: str
+    launched: pd.DataFrame  # candidate, round, model, nodes, status, tokens_per_s_per_gpu, gpu_hours
+    skipped: pd.DataFrame  # candidate, model, nodes, reason
+    coefficients: Coefficients | None = None
+    rounds: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+# Memory dominance -------------------------------------------------------------------------------
+
+def memory_components(frame: pd.DataFrame, work: Workload) -> pd.DataFrame:
+    """Per-GPU memory by component, in relative units, for the dominance rule.
+
+    Uses the planner's `mem_*` columns when present; otherwise monotone proxies: model states
+    (weights + fp32 gradients + Adam, ZeRO-sharded), activations in flight on the first stage,
+    and logits on the last. Only their ordering matters: "needs more on every component".
+    """
+    if all(c in frame for c in MEMORY_COMPONENTS):
+        return frame[list(MEMORY_COMPONENTS)].astype(float)
+    shape, s = work.shape, work.seq_len
+    dp, tp, pp, mbs, m = (frame[c].to_numpy(float) for c in ("dp", "tp", "pp", "mbs", "grad_acc"))
+    cp = frame["cp"].to_numpy(float) if "cp" in frame else np.ones(len(frame))
+    zero = frame["zero_stage"].to_numpy(int)
+    layers = np.ceil(shape.num_layers / pp)
+    per_layer = 12 * shape.hidden_size**2 + 3 * shape.hidden_size * shape.ffn_hidden_size
+    params = (layers * per_layer + shape.vocab_size * shape.hidden_size) / tp
+    states = params * (2 + np.where(zero >= 2, 4 / dp, 4) + np.where(zero >= 1, 12 / dp, 12))
+    in_flight = np.minimum(pp, m)
+    activations = mbs * s / cp * shape.hidden_size * layers * in_flight / tp
+    logits = mbs * s / cp * shape.vocab_size / tp
+    return pd.DataFrame({"mem_states": states, "mem_activations": activations,
+                         "mem_logits": logits}, index=frame.index)
+
+
+def _layout_keys(frame: pd.DataFrame) -> pd.Series:
+    cols = [c for c in LAYOUT_KEY if c in frame]
+    return frame[list(CELL) + cols].astype(str).agg("|".join, axis=1)
+
+
+class OomRules:
+    """Skip what an observed OOM proves cannot fit."""
+
+    def __init__(self, candidates: pd.DataFrame, memory: pd.DataFrame) -> None:
+        self.layout = _layout_keys(candidates)
+        self.mbs = candidates["mbs"]
+        self.cells = candidates[list(CELL)].astype(str).agg("|".join, axis=1)
+        self.memory = memory
+
+    def skipped_by(self, oom: int, untried: pd.Index) -> dict[int, str]:
+        """Untried candidates that OOM candidate `oom` rules out, with the reason."""
+        out: dict[int, str] = {}
+        same = untried[(self.layout[untried] == self.layout[oom]).to_numpy()
+                       & (self.mbs[untried] > self.mbs[oom]).to_numpy()]
+        for c in same:
+            out[int(c)] = f"pruned:oom_monotonic (run {oom} OOMed at mbs {self.mbs[oom]})"
+        cell = untried[(self.cells[untried] == self.cells[oom]).to_numpy()]
+        if len(cell):
+            dominated = (self.memory.loc[cell] >= self.memory.loc[oom].to_numpy()).all(axis=1)
+            for c in cell[dominated.to_numpy()]:
+                out.setdefault(int(c), f"pruned:oom_dominated (needs more memory than run {oom} "
+                                       "on every component)")
+        return out
+
+
+# Predictions ------------------------------------------------------------------------------------
+
+class Predictor:
+    """The throughput model over a fixed candidate set, refittable on measured runs."""
+
+    GRID: Final = (0.0, 0.5, 1.0, 1.5, 2.0)
+
+    def __init__(self, candidates: pd.DataFrame, workloads: Mapping[str, Workload],
+                 prior: Coefficients, iterations: int) -> None:
+        self.prior, self.iterations = prior, iterations
+        grid = sorted(set(self.GRID) | {prior.inter_scaling})
+        self.feats: dict[float, np.ndarray] = {}
+        for gamma in grid:
+            parts = [features(group, workloads[str(model)], gamma).reindex(group.index)
+                     for model, group in candidates.groupby("model", sort=False)]
+            self.feats[gamma] = pd.concat(parts).reindex(candidates.index).to_numpy()
+        tokens = pd.concat([pd.Series(tokens_per_step(g, workloads[str(m)]), index=g.index)
+                            for m, g in candidates.groupby("model", sort=False)])
+        gpus = candidates.dp * candidates.tp * candidates.pp
+        gpus = gpus * candidates.get("cp", 1) * candidates.get("ep", 1)
+        self.tokens_per_gpu = (tokens.reindex(candidates.index) / gpus).to_numpy(float)
+        self.position = pd.Series(np.arange(len(candidates)), index=candidates.index)
+        self.coefficients = prior
+
+    def tokens_per_s_per_gpu(self, ids: pd.Index) -> np.ndarray:
+        rows = self.position[ids].to_numpy()
+        step = self.feats[self.coefficients.inter_scaling][rows] @ self.coefficients.vector()
+        return self.tokens_per_gpu[rows] / step
+
+    def refit(self, ids: pd.Index, measured_tps: np.ndarray) -> None:
+        rows = self.position[ids].to_numpy()
+        step = self.tokens_per_gpu[rows] / measured_tps
+        best, best_err = self.coefficients, np.inf
+        for gamma, feats in self.feats.items():
+            coeffs = fit_matrix(feats[rows], step, self.prior, iterations=self.iterations,
+                                inter_scaling=gamma)
+            err = float(np.median(np.abs(np.log(feats[rows] @ coeffs.vector() / step))))
+            if err < best_err:
+                best, best_err = coeffs, err
+        self.coefficients = best
+
+
+# The search -------------------------------------------------------------------------------------
+
+def _cell_keys(frame: pd.DataFrame) -> pd.Series:
+    return frame[list(CELL)].astype(str).agg("|".join, axis=1)
+
+
+def search(candidates: pd.DataFrame, outcomes: pd.DataFrame, strategy: str,
+           workloads: Mapping[str, Workload], prior: Coefficients = Coefficients(),
+           params: Params = Params()) -> Search:
+    """Run `strategy` against `outcomes` (indexed like `candidates`: status, tokens_per_s_per_gpu,
+    gpu_hours). Statuses: completed, oom, failed."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+    missing = sorted({"status", "tokens_per_s_per_gpu", "gpu_hours"} - set(outcomes))
+    if missing:
+        raise ValueError(f"outcomes lack column(s) {missing}")
+    if not candidates.index.equals(outcomes.index):
+        raise ValueError("outcomes must be indexed like the candidates")
+    memory = pd.concat([memory_components(g, workloads[str(m)])
+                        for m, g in candidates.groupby("model", sort=False)]).loc[candidates.index]
+    state = _State(candidates, outcomes, OomRules(candidates, memory), params)
+    if strategy == "exhaustive":
+        state.launch(candidates.index, 1)
+        return state.result(strategy, 1)
+    if strategy == "pruned":
+        return _pruned(state)
+    return _adaptive(state, Predictor(candidates, workloads, prior, params.fit_iterations))
+
+
+class _State:
+    def __init__(self, candidates: pd.DataFrame, outcomes: pd.DataFrame, rules: OomRules,
+                 params: Params) -> None:
+        self.candidates, self.outcomes, self.rules, self.params = candidates, outcomes, rules, params
+        self.cells = _cell_keys(candidates)
+        self.untried = pd.Index(candidates.index)
+        self.launched: list[dict] = []
+        self.skipped: dict[int, str] = {}
+
+    def launch(self, ids: pd.Index, round_no: int) -> pd.DataFrame:
+        ids = pd.Index(ids)
+        self.untried = self.untried.difference(ids)
+        got = self.outcomes.loc[ids]
+        ooms = got.index[(got.status == "oom")
+                         | ((got.status == "failed") & self.params.failed_is_oom)]
+        for c in ids:
+            self.launched.append({"candidate": c, "round": round_no})
+        for oom in ooms:
+            for c, reason in self.rules.skipped_by(oom, self.untried).items():
+                self.skipped.setdefault(c, reason)
+        self.untried = self.untried.difference(pd.Index(list(self.skipped)))
+        return got
+
+    def result(self, strategy: str, rounds: int, coeffs: Coefficients | None = None,
+               remaining_reason: str = "") -> Search:
+        for c in self.untried:
+            self.skipped.setdefault(int(c), remaining_reason or "not reached")
+        launched = pd.DataFrame(self.launched, columns=["candidate", "round"])
+        launched = launched.join(self.candidates[list(CELL)], on="candidate")
+        launched = launched.join(self.outcomes[["status", "tokens_per_s_per_gpu", "gpu_hours"]],
+                                 on="candidate")
+        skipped = pd.DataFrame(sorted(self.skipped.items()), columns=["candidate", "reason"])
+        skipped = skipped.join(self.candidates[list(CELL)], on="candidate")
+        return Search(strategy, launched, skipped, coeffs, rounds)
+
+
+def _pruned(state: _State) -> Search:
+    """Each round, the smallest untried micro-batch of every layout."""
+    layouts = _layout_keys(state.candidates)
+    round_no = 0
+    while len(state.untried) and round_no < state.params.max_rounds:
+        round_no += 1
+        frame = state.candidates.loc[state.untried]
+        first = frame.assign(_l=layouts[state.untried]).sort_values("mbs").groupby("_l").head(1)
+        state.launch(first.index, round_no)
+    return state.result("pruned", round_no)
+
+
+def _adaptive(state: _State, model: Predictor) -> Search:
+    p = state.params
+    cols = [c for c in FAMILY if c in state.candidates]
+    family = state.cells + "|" + state.candidates[cols].astype(str).agg("|".join, axis=1)
+    closed: set[str] = set()
+    round_no = 0
+    while round_no < p.max_rounds:
+        done = pd.Index([r["candidate"] for r in state.launched])
+        ok = state.outcomes.loc[done]
+        ok = ok[ok.status == "completed"]
+        if len(ok) >= p.min_fit_runs and round_no > 0:
+            model.refit(ok.index, ok.tokens_per_s_per_gpu.to_numpy(float))
+        open_untried = state.untried[~state.cells[state.untried].isin(closed).to_numpy()]
+        if not len(open_untried):
+            break
+        estimate, optimistic = _estimates(state, model, ok, open_untried, family)
+        tried = set(family[done])
+        batch: list[int] = []
+        for cell, ids in open_untried.groupby(state.cells[open_untried].to_numpy()).items():
+            measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
+            runs = int((state.cells[done] == cell).sum())
+            if (len(measured) and runs >= p.min_cell_runs
+                    and optimistic[ids].max() <= measured.max() * (1 + p.epsilon)):
+                closed.add(str(cell))
+                continue
+            picks = list(estimate[ids].nlargest(max(p.k - 1, 1)).index)
+            fresh = ids[~family[ids].isin(tried).to_numpy()].difference(pd.Index(picks))
+            rest = ids.difference(pd.Index(picks))
+            if len(fresh):  # explore: the best of a (tp, pp, ZeRO) family not yet run
+                picks.append(estimate[fresh].idxmax())
+            elif len(rest) and p.k > 1:
+                picks.append(estimate[rest].idxmax())
+            batch += picks
+        if not batch:
+            break
+        round_no += 1
+        state.launch(pd.Index(batch), round_no)
+    return state.result("adaptive", round_no, model.coefficients,
+                        "adaptive: cell closed, its prediction cannot beat the best run by ε")
+
+
+def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
+               family: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Corrected and optimistic tokens/s/GPU of untried candidates.
+
+    Runs launched together share a fabric's mood (the playbook's ZeRO-0 runs on 8 nodes ran 4×
+    slower than their ZeRO-1 twins), so the model's prediction is rescaled by the median
+    log(measured/predicted) of the most specific group with measurements: the candidate's
+    (tp, pp, ZeRO) family, else its cell. Optimism adds the larger of the cell's and the sweep's
+    `quantile` of deviations from those medians, at least `min_margin`; a cell with no
+    completed run is unbounded.
+    """
+    p = state.params
+    predicted = pd.Series(model.tokens_per_s_per_gpu(ids), index=ids)
+    if not len(ok):
+        return predicted, pd.Series(np.inf, index=ids)
+    ratio = pd.Series(np.log(ok.tokens_per_s_per_gpu.to_numpy(float)
+                             / model.tokens_per_s_per_gpu(ok.index)), index=ok.index)
+    cell_of, family_of = state.cells[ok.index].to_numpy(), family[ok.index].to_numpy()
+    cell_median = ratio.groupby(cell_of).median()
+    family_stats = ratio.groupby(family_of).agg(["median", "size"])
+    family_median = family_stats["median"][family_stats["size"] >= 2]
+    group_median = pd.Series(family_of, index=ok.index).map(family_median)
+    group_median = group_median.fillna(pd.Series(cell_of, index=ok.index).map(cell_median))
+    deviation = ratio - group_median
+    pooled = float(np.quantile(deviation, p.quantile))
+    own = deviation.groupby(cell_of).quantile(p.quantile)
+    cells = state.cells[ids]
+    shift = family[ids].map(family_median).fillna(cells.map(cell_median))
+    margin = np.maximum(cells.map(own).fillna(np.inf).to_numpy(), max(pooled, p.min_margin))
+    estimate = predicted * np.exp(shift.fillna(0.0).to_numpy())
+    optimistic = pd.Series(np.where(shift.isna(), np.inf, estimate * np.exp(margin)), index=ids)
+    return estimate, optimistic
+
+
+# Scoring ----------------------------------------------------------------------------------------
+
+def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
+          published_runs: int, published_gpu_hours: float, tolerance: float = 0.02
+          ) -> tuple[dict[str, float], pd.DataFrame]:
+    """Headline figures against the whole published sweep, and the per-cell progress table."""
+    cells = _cell_keys(candidates)
+    ok = outcomes[outcomes.status == "completed"]
+    truth = ok.tokens_per_s_per_gpu.groupby(cells[ok.index]).max()
+    launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
+    found = launched[launched.status == "completed"].groupby("cell").tokens_per_s_per_gpu.max()
+    table = pd.DataFrame({"best": truth, "found": found.reindex(truth.index)})
+    table["regret"] = 1 - table.found.fillna(0) / table.best
+    table["within"] = table.regret <= tolerance
+    table["launched"] = launched.groupby("cell").size().reindex(truth.index).fillna(0).astype(int)
+    table["candidates"] = cells.groupby(cells).size().reindex(truth.index)
+    table["rounds"] = launched.groupby("cell")["round"].max().reindex(truth.index)
+    table["gpu_hours"] = launched.groupby("cell").gpu_hours.sum().reindex(truth.index)
+    headline = {
+        "runs_launched": float(len(launched)),
+        "runs_launched_frac": len(launched) / published_runs,
+        "gpu_hours": float(launched.gpu_hours.sum()),
+        "gpu_hours_frac": float(launched.gpu_hours.sum() / published_gpu_hours),
+        "cells_within_2pct": float(table.within.sum()),
+        "cells_total": float(len(table)),
+        "max_regret": float(table.regret.max()),
+        "mean_regret": float(table.regret.mean()),
+        "rounds": float(result.rounds),
+    }
+    return headline, table
+
+
+# Replaying a published sweep --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Replay:
+    """A published sweep as an oracle: unique candidates, their first published outcome."""
+
+    candidates: pd.DataFrame
+    outcomes: pd.DataFrame
+    published_runs: int
+    published_gpu_hours: float
+
+
+def _normalise(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload]
+               ) -> pd.DataFrame:
+    """Map a published table onto (model, nodes, layout, status, tokens_per_s_per_gpu)."""
+    if {"model_label", "tokens_per_sec_per_gpu"} <= set(runs):  # playbook charts
+        status = runs.status.map({"success": "completed", "failed": "failed"})
+        return pd.DataFrame({"model": runs.model_label, "nodes": runs.nodes, "dp": runs.dp,
+                             "tp": runs.tp, "pp": runs.pp, "mbs": runs.mbs,
+                             "grad_acc": runs.grad_acc, "zero_stage": runs.zero_stage,
+                             "status": status, "tokens_per_s_per_gpu": runs.tokens_per_sec_per_gpu})
+    if {"batch_accum", "tok/s/gpu", "hidden_size"} <= set(runs):  # nanotron's results table
+        status = runs.status.map({"Success": "completed", "OOM": "oom", "Other": "failed"})
+        by_shape = {(w.shape.hidden_size, w.shape.num_layers): name
+                    for name, w in workloads.items()}
+        model = [by_shape.get((h, n), f"hidden {h}, {n} layers")
+                 for h, n in zip(runs.hidden_size, runs.num_layers, strict=True)]
+        return pd.DataFrame({"model": model,
+                             "nodes": runs.nodes, "dp": runs.dp, "tp": runs.tp, "pp": runs.pp,
+                             "mbs": runs.mbs, "grad_acc": runs.batch_accum,
+                             "zero_stage": runs.zero_stage, "status": status,
+                             "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
+    needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
+              "tokens_per_s_per_gpu"}
+    missing = sorted(needed - set(runs))
+    if missing:
+        raise ValueError(f"{source}: not a playbook table nor a runs table: lacks column(s) "
+                         f"{missing}")
+    return runs[sorted(needed)].copy()
+
+
+def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str],
+                 workloads: Mapping[str, Workload], steps: int, startup_s: float) -> Replay:
+    """Candidates and outcomes of a published sweep.
+
+    `model_names` maps the table's model labels to workload names. A run's GPU-hours are its GPUs
+    times (startup + steps × step time); a failed run is charged startup plus one step at its
+    cell's median completed step time (it dies at its first step).
+    """
+    rows = _normalise(runs, source, workloads)
+    model_names = {**{name: name for name in workloads}, **model_names}
+    unknown = sorted(set(rows.model.astype(str)) - set(model_names))
+    if unknown:
+        raise ValueError(f"{source}: model label(s) {unknown} are not in the spec's models "
+                         f"({', '.join(sorted(model_names))})")
+    bad = rows.status.isna()
+    if bad.any():
+        raise ValueError(f"{source}: row {int(np.flatnonzero(bad)[0]) + 2}: unknown status")
+    rows["model"] = rows.model.astype(str).map(dict(model_names))
+    for col in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
+        rows[col] = rows[col].astype(int)
+    rows.loc[rows.status != "completed", "tokens_per_s_per_gpu"] = np.nan
+    gpus = (rows.dp * rows.tp * rows.pp).to_numpy(float)
+    tokens = pd.concat([pd.Series(tokens_per_step(g, workloads[m]), index=g.index)
+                        for m, g in rows.groupby("model")]).reindex(rows.index)
+    step = tokens / (rows.tokens_per_s_per_gpu * gpus)
+    cell_step = step.groupby([rows.model, rows.nodes]).transform("median").fillna(0.0)
+    seconds = np.where(rows.status == "completed", startup_s + steps * step, startup_s + cell_step)
+    rows["gpu_hours"] = gpus * seconds / 3600.0
+    unique = rows.drop_duplicates(["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc",
+                                   "zero_stage"]).reset_index(drop=True)
+    layout = ["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
+    return Replay(unique[layout], unique[["status", "tokens_per_s_per_gpu", "gpu_hours"]],
+                  len(rows), float(rows.gpu_hours.sum()))
+
+
+__all__ = ["Replay", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+           "score", "search"]
