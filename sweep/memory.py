@@ -39,6 +39,7 @@ __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimat
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
                      "fragmentation", "overhead")
 _INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
+STAGES: Final = ("most_loaded", "first", "last")
 _ACT_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4, "fp32": 4}
 
 
@@ -49,7 +50,7 @@ class MemoryEstimate:
     reserved_bytes: int
     total_bytes: int
     step_allocated_bytes: int = 0
-    stage: str = "first"  # which pipeline stage is the most loaded: "first" or "last"
+    stage: str = "first"  # the pipeline stage described: "first" (holds rank 0) or "last"
 
     def explain(self) -> str:
         """A fixed-width table of the breakdown (for `sweep plan --explain`)."""
@@ -65,7 +66,7 @@ class MemoryEstimate:
         lines.append(f"{'total':<16}{self.total_bytes / gib:>10.2f}   + CUDA context and NCCL")
         lines.append(f"{'step peak':<16}{self.step_allocated_bytes / gib:>10.2f}   "
                      "live tensors during the optimizer step")
-        lines.append(f"most loaded rank: {self.stage} pipeline stage")
+        lines.append(f"rank described: {self.stage} pipeline stage")
         return "\n".join(lines)
 
 
@@ -102,7 +103,8 @@ def _cost_split(model: ModelShape, pp: int) -> tuple[tuple[int, int], ...]:
     return tuple(zip(layers, blocks))
 
 
-def stage_layer_counts(model: ModelShape, pp: int, profile: str = "builtin") -> tuple[int, ...]:
+def stage_layer_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
+                       ) -> tuple[int, ...]:
     """Decoder layers on each pipeline stage, as the profile's framework splits them."""
     if get_profile(profile).stage_split == "cost":
         return tuple(n for n, _ in _cost_split(model, pp))
@@ -110,7 +112,8 @@ def stage_layer_counts(model: ModelShape, pp: int, profile: str = "builtin") -> 
     return tuple(base + (1 if r < extra else 0) for r in range(pp))
 
 
-def stage_block_counts(model: ModelShape, pp: int, profile: str = "builtin") -> tuple[int, ...]:
+def stage_block_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
+                       ) -> tuple[int, ...]:
     """Pipeline blocks per stage; a stage with none cannot run (nanotron counts embedding, final norm,
     LM head, cast and loss as blocks; the others count decoder layers plus embedding/head)."""
     if get_profile(profile).stage_split == "cost":
@@ -121,18 +124,39 @@ def stage_block_counts(model: ModelShape, pp: int, profile: str = "builtin") -> 
 
 def _first_last_layers(model: ModelShape, pp: np.ndarray, profile: MemoryProfile
                        ) -> tuple[np.ndarray, np.ndarray]:
-    values, inverse = np.unique(pp, return_inverse=True)
-    first = np.empty(len(values), dtype=np.float64)
-    last = np.empty(len(values), dtype=np.float64)
-    for i, p in enumerate(values):
-        counts = stage_layer_counts(model, int(p), profile.name)
-        first[i], last[i] = counts[0], counts[-1]
-    return first[inverse], last[inverse]
+    pp = np.asarray(pp, dtype=np.int64)
+    if pp.size == 0:
+        return np.zeros(0), np.zeros(0)
+    first = np.zeros(int(pp.max()) + 1, dtype=np.float64)  # lookup tables indexed by pp (O(n))
+    last = np.zeros_like(first)
+    for p in np.flatnonzero(np.bincount(pp)):
+        counts = stage_layer_counts(model, int(p), profile)
+        first[p], last[p] = counts[0], counts[-1]
+    return first[pp], last[pp]
+
+
+def _is(column: np.ndarray, value: str) -> np.ndarray:
+    return np.asarray(column == value, dtype=bool)
 
 
 # ---------------------------------------------------------------- the model
 
-def _check_columns(columns: Mapping[str, np.ndarray]) -> int:
+def _mlp_kind(model: ModelShape) -> str:
+    """"swiglu" (the catalog's Llama-style shapes) or "gelu" (GPT/MPT: two matrices, no gate).
+
+    ModelShape has no such field yet; a shape that carries `mlp = "gelu"` (the published GPT and MPT
+    configurations in the tests) is costed with two MLP matrices and two saved FFN-wide activations.
+    """
+    kind = getattr(model, "mlp", "swiglu")
+    if kind not in ("swiglu", "gelu"):
+        raise ValueError(f"model {model.name!r}: mlp must be 'swiglu' or 'gelu', got {kind!r}")
+    if kind == "gelu" and model.is_moe:
+        raise ValueError(f"model {model.name!r}: a GELU MLP with experts is not modelled")
+    return kind
+
+
+def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
     missing = [c for c in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule") if c not in columns]
     if missing:
         raise ValueError(f"estimate_columns: missing columns {missing}")
@@ -144,15 +168,21 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> int:
     for name in ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "vpp"):
         if n and np.min(np.asarray(columns[name])) < 1:
             raise ValueError(f"estimate_columns: column {name!r} must be >= 1")
+    masks: dict[str, np.ndarray] = {}
     for name, allowed in (("recompute", RECOMPUTE_MODES), ("pp_schedule", PP_SCHEDULES)):
-        bad = set(np.unique(np.asarray(columns[name]).astype(str))) - set(allowed)
-        if bad:
-            raise ValueError(f"estimate_columns: column {name!r} has {sorted(bad)}; allowed: {allowed}")
-    return n
+        column = np.asarray(columns[name])
+        known = np.zeros(n, dtype=bool)
+        for value in allowed:
+            masks[value] = _is(column, value)
+            known |= masks[value]
+        if not known.all():
+            bad = sorted({str(v) for v in column[~known]})
+            raise ValueError(f"estimate_columns: column {name!r} has {bad}; allowed: {allowed}")
+    return masks
 
 
-def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int, dtype: str,
-             prof: MemoryProfile) -> dict[str, np.ndarray]:
+def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray],
+             seq_len: int, dtype: str, prof: MemoryProfile, stage: str) -> dict[str, np.ndarray]:
     if dtype not in _ACT_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
     if seq_len < 1:
@@ -161,16 +191,17 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
     dp, tp, pp, cp, ep = f64["dp"], f64["tp"], f64["pp"], f64["cp"], f64["ep"]
     mbs, ga, zero, vpp = f64["mbs"], f64["grad_acc"], f64["zero_stage"], f64["vpp"]
     sp = np.asarray(columns["sp"], dtype=bool)
-    recompute = np.asarray(columns["recompute"]).astype(str)
-    schedule = np.asarray(columns["pp_schedule"]).astype(str)
     a = float(_ACT_BYTES[dtype])
     full_precision = dtype in ("fp32", "tf32")
 
     pc = count_parameters(model)
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
     vocab = float(model.vocab_size)
+    gelu = _mlp_kind(model) == "gelu"
     expert_per_layer = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
     dense_per_layer = float(pc.per_layer) - expert_per_layer
+    if gelu:  # two matrices, not SwiGLU's three
+        dense_per_layer -= float(model.hidden_size * model.ffn_hidden_size)
 
     # --- parameters held by one rank of the first and of the last stage
     n_first, n_last = _first_last_layers(model, columns["pp"], prof)
@@ -198,7 +229,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
         def sharded(bytes_pp, from_stage):
             on = zero >= from_stage
             return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
-        weights = sharded(w_b, 3)
+        weights = sharded(w_b, prof.weights_shard_from_zero)
         grads = sharded(g_b, 2)
         optim = sharded(o_b, 1)
         gather = np.where((zero >= 1) & (n_dense > 1),
@@ -210,18 +241,19 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
     sp_div = np.where(sp, tp, 1.0)
     k = float(model.experts_per_token) if model.is_moe else 1.0
     ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
-    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + 4 * k * ffn) / tp
+    ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
+    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
                        + (a * 2 * h * k / sp_div if model.is_moe else 0.0))
     if not prof.flash_attention:
         per_token_layer = per_token_layer + np.where(
-            recompute == "none", a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
-    full = recompute == "full"
+            masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
+    full = masks["full"]
     stored_per_layer = np.where(full, a * h / sp_div, per_token_layer) * tokens
     working_layer = np.where(full, per_token_layer * tokens, 0.0)  # one layer recomputed at a time
     head_inputs = a * 2 * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
 
-    interleaved = schedule == "interleaved_1f1b"
-    gpipe = schedule == "gpipe"
+    interleaved = masks["interleaved_1f1b"]
+    gpipe = masks["gpipe"]
     first_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, pp + (pp - 1) / vpp),
                                             np.minimum(ga, pp)))
     last_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
@@ -236,7 +268,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
     groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
     overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
 
-    def stage_total(p_dense, p_expert, act, lg):
+    def stage_total(p_dense, p_expert, act, lg, in_flight):
         weights, grads, optim, gather = state(p_dense, p_expert)
         fsdp = 0.0
         if prof.fsdp_unsharded_layers:
@@ -245,17 +277,24 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
                             np.where(zero >= 3, 2.0 * prof.fsdp_unsharded_layers * layer_params, 0.0))
         step_extra = np.maximum(gather - (act + lg), 0.0)
         buffers = buffers_fixed + fsdp + step_extra
-        frag = prof.fragmentation * (act + lg) + prof.reserved_floor_bytes
+        frag = (prof.fragmentation_sequential * act / in_flight
+                + prof.fragmentation_pipelined * act * (1.0 - 1.0 / in_flight)
+                + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)
         comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
                  "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
         step = weights + grads + optim + buffers_fixed + fsdp + gather
         return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
 
-    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first)
-    last, step_last = stage_total(dense_last, expert_last, act_last, logits)
+    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb)
+    last, step_last = stage_total(dense_last, expert_last, act_last, logits, np.maximum(last_mb, 1.0))
     total_first = sum(first.values())
     total_last = sum(last.values())
-    use_last = (~single) & (total_last > total_first)
+    if stage == "first":
+        use_last = np.zeros_like(single)
+    elif stage == "last":
+        use_last = ~single
+    else:
+        use_last = (~single) & (total_last > total_first)
     out = {f"mem_{name}_bytes": np.where(use_last, last[name], first[name]) for name in COMPONENTS}
     allocated = sum(out[f"mem_{n}_bytes"] for n in COMPONENTS[:6])
     out["mem_allocated_bytes"] = allocated
@@ -266,25 +305,37 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], seq_len: int,
     return out
 
 
+def _check_stage(stage: str) -> None:
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; known: {', '.join(STAGES)}")
+
+
 def estimate_columns(model: ModelShape, columns: Mapping[str, np.ndarray], *, seq_len: int,
-                     dtype: str = "bf16", profile: str = "builtin") -> dict[str, np.ndarray]:
+                     dtype: str = "bf16", profile: str | MemoryProfile = "builtin",
+                     stage: str = "most_loaded") -> dict[str, np.ndarray]:
     """Vectorised estimate: int64 arrays `mem_<component>_bytes`, `mem_allocated_bytes`,
-    `mem_reserved_bytes`, `mem_total_bytes` and `mem_step_allocated_bytes`, one value per row."""
+    `mem_reserved_bytes`, `mem_total_bytes` and `mem_step_allocated_bytes`, one value per row.
+
+    `stage`: "most_loaded" (feasibility: the larger of the first and last pipeline stage), or
+    "first" / "last" (to compare with a measurement taken on one rank: rank 0 is the first stage).
+    """
     prof = get_profile(profile)
-    _check_columns(columns)
-    out = _compute(model, columns, seq_len, dtype, prof)
+    _check_stage(stage)
+    masks = _check_columns(columns)
+    out = _compute(model, columns, masks, seq_len, dtype, prof, stage)
     out.pop("mem_last_stage")
     return out
 
 
 def estimate(model: ModelShape, layout: Layout, *, seq_len: int, dtype: str = "bf16",
-             profile: str = "builtin") -> MemoryEstimate:
+             profile: str | MemoryProfile = "builtin", stage: str = "most_loaded") -> MemoryEstimate:
     prof = get_profile(profile)
+    _check_stage(stage)
     row = layout.to_dict()
     columns = {name: np.asarray([row[name]]) for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule")}
     columns["grad_acc"] = np.asarray([layout.grad_acc])
-    _check_columns(columns)
-    out = _compute(model, columns, seq_len, dtype, prof)
+    masks = _check_columns(columns)
+    out = _compute(model, columns, masks, seq_len, dtype, prof, stage)
     return MemoryEstimate(
         components={name: int(out[f"mem_{name}_bytes"][0]) for name in COMPONENTS},
         allocated_bytes=int(out["mem_allocated_bytes"][0]),

@@ -4,9 +4,9 @@ One memory model (sweep.memory), several profiles. A profile says how many bytes
 framework keeps, which of them ZeRO shards, how it splits layers over pipeline stages, how wide its
 logits path is, and what its allocator and runtime cost beyond live tensors.
 
-Only two constants are fitted to measurements (`fragmentation`, `reserved_floor_bytes`, calibrated
-once on the playbook's nanotron runs and shared by every profile); everything else comes from how the
-framework is written (sources named per field).
+Only the allocator constants are fitted to measurements (three fragmentation shares and a floor,
+calibrated once on the playbook's nanotron runs and shared by every profile); everything else comes
+from how the framework is written (sources named per field).
 
 Pure: no I/O.
 """
@@ -20,11 +20,19 @@ from typing import Final, Mapping
 MiB: Final = 1 << 20
 GiB: Final = 1 << 30
 
-# Calibrated on playbook_bench_full_1B_8B.csv (nanotron, 1,027 successful runs, see tests/test_memory.py):
-# the share of the transient working set (activations + logits) that the caching allocator keeps as
-# unusable free blocks, and the reserve it holds beyond live tensors even without transients.
-FRAGMENTATION: Final = 0.25
-RESERVED_FLOOR_BYTES: Final = 512 * MiB
+# The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it.
+# Calibrated on playbook_bench_full_1B_8B.csv (nanotron, 1,027 successful runs; tests/test_memory.py):
+# - activations of a micro-batch that is alone in flight: each micro-batch allocates and frees the same
+#   sizes in the same order, so the cached blocks are reused and little is lost;
+# - activations of micro-batches the pipeline schedule keeps in flight: the oldest is freed while newer
+#   ones stay, so its blocks become holes between live tensors that later requests only partly fill;
+# - logits and loss: the largest tensors of the step, allocated when the pool is fullest, then re-split
+#   by smaller requests, so they need fresh segments again next time;
+# - a floor: rounding and small-block pools.
+FRAG_SEQUENTIAL: Final = 0.10
+FRAG_PIPELINED: Final = 0.40
+FRAG_LOGITS: Final = 0.30
+RESERVED_FLOOR_BYTES: Final = 256 * MiB
 
 
 @dataclass(frozen=True)
@@ -39,9 +47,12 @@ class MemoryProfile:
     master_bytes: float = 4.0  # fp32 master weights
     optimizer_bytes: float = 8.0  # Adam exp_avg + exp_avg_sq, fp32
     zero_shards_over_cp: bool = True  # ZeRO shards over dp*cp (Megatron, FSDP) or dp only (nanotron)
+    weights_shard_from_zero: int = 3  # FSDP2 shards the stored (fp32) params already at "ZeRO-2"
     # --- transients outside the forward/backward pass ---
     zero1_gather_bytes: float = 0.0  # ZeRO-1: all-gather buffer of updated params (+ its input shard)
-    fsdp_unsharded_layers: int = 0  # ZeRO-3: layers whose bf16 params are gathered at once (prefetch)
+    # FSDP: ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 compute copy of every layer
+    # from forward to backward; ZeRO-3 gathers this many layers at a time (current + prefetch)
+    fsdp_unsharded_layers: int = 0
     # --- pipeline ---
     stage_split: str = "even"  # "even": ceil(L/pp) layers on stage 0; "cost": nanotron's balanced split
     # --- activations and logits ---
@@ -50,7 +61,9 @@ class MemoryProfile:
     tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
     workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
     # --- allocator and runtime (outside live tensors) ---
-    fragmentation: float = FRAGMENTATION
+    fragmentation_sequential: float = FRAG_SEQUENTIAL
+    fragmentation_pipelined: float = FRAG_PIPELINED
+    fragmentation_logits: float = FRAG_LOGITS
     reserved_floor_bytes: int = RESERVED_FLOOR_BYTES
     cuda_context_bytes: int = 512 * MiB  # CUDA context + kernels; not in torch's allocator
     nccl_bytes_per_group: int = 256 * MiB  # NCCL channels/buffers per communicator in use
@@ -81,21 +94,35 @@ TORCHTITAN: Final = MemoryProfile(
         "torchtitan FSDP2: fp32 sharded params are the master copy, fp32 grads (reduce_dtype fp32), "
         "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2)"),
     weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, fsdp_unsharded_layers=2, stage_split="even",
+    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
 )
 
 BUILTIN: Final = MemoryProfile(
     name="builtin",
     description="the built-in workload (FSDP2/DTensor, same state layout as torchtitan)",
     weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, fsdp_unsharded_layers=2, stage_split="even",
+    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
+)
+
+# Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,
+# MPT) configurations are checked. MPT trains with flash-attn's fused cross-entropy, which keeps only
+# the bf16 logits and writes their gradient in place (4 bytes per vocab element at the peak).
+LLMFOUNDRY: Final = MemoryProfile(
+    name="llmfoundry",
+    description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
+    weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
+    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
+    logits_bytes_per_element=4.0,
 )
 
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
     {p.name: p for p in (NANOTRON, MEGATRON, TORCHTITAN, BUILTIN)})
 
 
-def get_profile(name: str) -> MemoryProfile:
+def get_profile(name: str | MemoryProfile) -> MemoryProfile:
+    """A profile by framework name; a MemoryProfile passes through (for frameworks outside PROFILES)."""
+    if isinstance(name, MemoryProfile):
+        return name
     try:
         return PROFILES[name]
     except KeyError:
