@@ -108,11 +108,11 @@ def plot_distribution(runs: pd.DataFrame, order: list[str], convention: str, ste
                            medianprops={"color": "#D55E00"}, boxprops={"color": "#444444"},
                            whiskerprops={"color": "#444444"}, capprops={"color": "#444444"})
                 rng = np.random.default_rng(0)  # fixed jitter: the figure is reproducible
-                for index, values in enumerate(data):
-                    jitter = rng.uniform(-0.18, 0.18, len(values))
-                    ax.scatter(index + jitter, values, s=4, color="#0072B2", alpha=0.35,
-                               linewidths=0, zorder=3, rasterized=True)  # small PDF/SVG
-                    ax.scatter([index], [values.max()], marker="*", s=50, color="black", zorder=4)
+                xs = np.concatenate([i + rng.uniform(-0.18, 0.18, len(v)) for i, v in enumerate(data)])
+                ax.scatter(xs, np.concatenate(data), s=4, color="#0072B2", alpha=0.35, linewidths=0,
+                           zorder=3, rasterized=True)  # one raster per panel keeps PDF/SVG small
+                ax.scatter(range(len(data)), [v.max() for v in data], marker="*", s=50,
+                           color="black", zorder=4)
                 ax.set_xticks(range(len(nodes)), [str(int(n)) for n in nodes])
             ax.set_xlabel("Nodes")
             ax.set_title(f"{model}  (n = {len(group)})", loc="left")

@@ -121,11 +121,12 @@ def value_flags(runs: pd.DataFrame) -> list[Flag]:
     mfu_columns = [c for c in runs.columns if c.startswith("mfu_") and c != "mfu_reported_convention"]
     for column in mfu_columns:
         high = runs[runs[column] > 1.0]
-        for _, row in high.iterrows():
-            flags.append(Flag("mfu-above-1", str(row["model_label"]), int(row["nodes"]),
-                              f"{row['run_id']}#{row['attempt']}: {column} = {row[column]:.4g} > 1: "
-                              "impossible; check the peak FLOP/s (dense, not sparse) and the "
-                              "tokens/s (global vs per GPU)"))
+        for (label, nodes), cell in high.groupby(["model_label", "nodes"]):
+            worst = cell.loc[cell[column].idxmax()]
+            flags.append(Flag("mfu-above-1", str(label), int(nodes),
+                              f"{len(cell)} attempt(s) with {column} > 1 (up to {worst[column]:.4g}, "
+                              f"{worst['run_id']}#{worst['attempt']}): impossible; check the peak "
+                              "FLOP/s (dense, not sparse) and the tokens/s (global vs per GPU)"))
     failed = runs[(runs["outcome"] != "completed")
                   & (runs["tokens_per_sec_per_gpu"].notna() | runs["mfu_reported"].notna())]
     if not failed.empty:
