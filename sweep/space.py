@@ -20,13 +20,17 @@ Pure: no I/O. The memory rule calls `sweep.memory.estimate_columns`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sweep import memory
 from sweep.layout import Layout
@@ -272,6 +276,7 @@ def enumerate_candidates(spec: Spec, nodes: int) -> dict[str, np.ndarray]:
     gbs = spec.global_batch_sequences
     columns.update(
         nodes=np.full(n, nodes, dtype=np.int64), gpus=np.full(n, gpus, dtype=np.int64), mbs=mbs,
+        recompute_code=rec.astype(np.int8), schedule_code=sched[unique].astype(np.int8),
         grad_acc=np.where(gbs % replicas == 0, gbs // replicas, 0), zero_stage=zero,
         recompute=recompute[rec],
         vpp=np.where((columns["pp_schedule"] == "interleaved_1f1b") & (columns["pp"] > 1),
@@ -299,38 +304,41 @@ def _cross(sizes: list[int]) -> list[np.ndarray]:
 def plan(spec: Spec) -> pd.DataFrame:
     """Every candidate of the spec with its status, prune rule, memory estimate and run id."""
     parts: list[dict[str, np.ndarray]] = []
-    model_codes: list[np.ndarray] = []
+    ids: list[str] = []  # the kept rows' run ids, in row order
     for nodes in spec.nodes:
         candidates = enumerate_candidates(spec, nodes)
         for m_index, model in enumerate(spec.model_shapes):
             code, mem = evaluate(candidates, RuleContext.from_spec(spec, model))
-            parts.append({**candidates, "code": code, **mem})
-            model_codes.append(np.full(len(code), m_index, dtype=np.int16))
-    keys = list(dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")))
-    columns: dict[str, object] = {}
-    codes = np.concatenate(model_codes)
-    columns["model"] = pd.Categorical.from_codes(
-        codes, categories=[m.name for m in spec.model_shapes])
-    for key in ("nodes", "gpus", *LAYOUT_INT_COLUMNS[:7], "zero_stage", "recompute", "sp",
-                "pp_schedule", "vpp"):
-        if key not in columns:
-            columns[key] = np.concatenate([p[key] for p in parts])
-    code = np.concatenate([p["code"] for p in parts])
-    columns["status"] = pd.Categorical.from_codes(code.astype(np.int16) + 1, categories=STATUSES)
-    columns["prune_rule"] = pd.Categorical.from_codes(code.astype(np.int16),
-                                                      categories=RULE_NAMES)
-    for key in keys:
+            parts.append({**candidates, "code": code, **mem,
+                          "model": np.full(len(code), m_index, dtype=np.int16)})
+            kept = code == -1
+            ids += chunk_run_ids(spec, model, nodes, {k: v[kept] for k, v in candidates.items()})
+
+    def joined(key: str) -> np.ndarray:
+        return np.concatenate([p[key] for p in parts])
+
+    code = joined("code").astype(np.int16)
+    columns: dict[str, object] = {
+        "model": pd.Categorical.from_codes(joined("model"),
+                                           categories=[m.name for m in spec.model_shapes])}
+    for key in ("nodes", "gpus", *LAYOUT_INT_COLUMNS[:8]):
+        columns[key] = joined(key)
+    columns["recompute"] = pd.Categorical.from_codes(joined("recompute_code"),
+                                                     categories=list(spec.axes.recompute))
+    columns["sp"] = joined("sp")
+    columns["pp_schedule"] = pd.Categorical.from_codes(joined("schedule_code"),
+                                                       categories=list(spec.axes.pp_schedule))
+    columns["vpp"] = joined("vpp")
+    columns["status"] = pd.Categorical.from_codes(code + 1, categories=STATUSES)
+    columns["prune_rule"] = pd.Categorical.from_codes(code, categories=RULE_NAMES)
+    for key in dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")):
         values = np.concatenate([p.get(key, np.full(len(p["code"]), -1, np.int64))
                                  for p in parts])
         columns[key] = pd.arrays.IntegerArray(values, values < 0)
-    frame = pd.DataFrame(columns)
-    frame["recompute"] = frame["recompute"].astype("category")
-    frame["pp_schedule"] = frame["pp_schedule"].astype("category")
     kept = code == -1
-    ids = np.full(len(frame), None, dtype=object)
-    ids[kept] = run_ids(spec, frame.loc[kept])
-    frame["run_id"] = ids
-    return frame
+    slots = pa.array(np.cumsum(kept) - 1, mask=~kept)  # row → index into ids, null if pruned
+    columns["run_id"] = pd.arrays.ArrowStringArray(pa.array(ids, pa.string()).take(slots))
+    return pd.DataFrame(columns, copy=False)  # the arrays are fresh: no second copy
 
 
 def layout_of(row: Mapping[str, object]) -> Layout:
@@ -356,10 +364,57 @@ def run_config(spec: Spec, row: Mapping[str, object], *, with_settings: bool = T
 
 
 def run_ids(spec: Spec, rows: pd.DataFrame) -> list[str]:
-    """Run ids of plan rows, through RunConfig (the one definition of a run's identity)."""
+    """Run ids of plan rows, one RunConfig each (the one definition of a run's identity)."""
     records = rows[["model", "nodes", *LAYOUT_INT_COLUMNS, "recompute", "sp",
                     "pp_schedule"]].astype(object).to_dict("records")
     return [run_config(spec, r, with_settings=False).run_id for r in records]
+
+
+def chunk_run_ids(spec: Spec, model: ModelShape, nodes: int,
+                  columns: Mapping[str, np.ndarray]) -> list[str]:
+    """Run ids of one (model, nodes) chunk's candidates, about 20× faster than RunConfig each.
+
+    RunConfig.run_id hashes its identity as sorted-key JSON; within a chunk only the layout
+    varies, so the JSON is a fixed prefix and suffix around the layout's JSON. The first row is
+    checked against RunConfig itself, and any disagreement (RunConfig's identity changed) falls
+    back to RunConfig for every row: the ids stay RunConfig's by construction.
+    """
+    n = len(columns["dp"])
+    if n == 0:
+        return []
+    base = RunConfig(sweep=spec.name, framework=spec.framework, model=model,
+                     layout=Layout(dp=1, tp=1, pp=1), nodes=nodes,
+                     gpus_per_node=spec.gpus_per_node_resolved, gpu=spec.gpu, dtype=spec.dtype,
+                     seq_len=spec.seq_len, global_batch_sequences=spec.global_batch_sequences)
+    identity = {"framework": base.framework, "layout": _LAYOUT_SLOT,
+                "model": {k: v for k, v in dataclasses.asdict(model).items() if k != "source"},
+                "nodes": nodes, "gpus_per_node": base.gpus_per_node, "gpu": base.gpu,
+                "dtype": base.dtype, "seq_len": base.seq_len,
+                "global_batch_sequences": base.global_batch_sequences}
+    prefix, suffix = json.dumps(identity, sort_keys=True).split(json.dumps(_LAYOUT_SLOT))
+    fields = sorted(f.name for f in dataclasses.fields(Layout))
+    template = ("{" + ", ".join(f"{json.dumps(k)}: %s" for k in fields) + "}" + suffix).encode()
+    encoded = []
+    for name in fields:
+        values = columns[name].tolist()
+        codes = {v: json.dumps(v).encode() for v in set(values)}
+        encoded.append(list(map(codes.__getitem__, values)))
+    head = f"{model.name}-n{nodes}-"
+    hashed_prefix = hashlib.sha256(prefix.encode())
+    ids = []
+    for row in zip(*encoded):
+        digest = hashed_prefix.copy()
+        digest.update(template % row)
+        ids.append(head + digest.hexdigest()[:10])
+    first = {k: v[0] for k, v in columns.items()}
+    check = dataclasses.replace(base, layout=layout_of(first)).run_id
+    if check != ids[0]:
+        ids = [dataclasses.replace(base, layout=layout_of({k: v[i] for k, v in columns.items()}))
+               .run_id for i in range(n)]
+    return ids
+
+
+_LAYOUT_SLOT: Final = "@@layout@@"
 
 
 def _plain(value: object) -> object:

@@ -227,6 +227,20 @@ def test_run_ids_are_those_of_run_config(small_plan: pd.DataFrame) -> None:
         nodes=int(row.nodes), gpus_per_node=8, gpu=spec.gpu, dtype="bf16", seq_len=4096,
         global_batch_sequences=64).run_id
     assert row.run_id == expected
+    assert list(kept.run_id) == space.run_ids(spec, kept)  # one RunConfig per row
+
+
+def test_fast_run_ids_fall_back_to_run_config_if_its_identity_changes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def changed(self: RunConfig) -> str:
+        return f"{self.model.name}-{self.layout.dp}-{self.layout.tp}-{self.layout.mbs}"
+
+    monkeypatch.setattr(RunConfig, "run_id", property(changed))
+    spec = spec_from()
+    columns = space.enumerate_candidates(spec, 1)
+    ids = space.chunk_run_ids(spec, get_model("playbook-1b"), 1, columns)
+    assert ids == [f"playbook-1b-{dp}-{tp}-{mbs}" for dp, tp, mbs in
+                   zip(columns["dp"], columns["tp"], columns["mbs"])]
 
 
 def test_an_impossible_node_count_is_a_plan_error() -> None:
