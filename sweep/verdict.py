@@ -17,7 +17,7 @@ from typing import Any
 
 from sweep.classify import Evidence, Verdict, classify
 from sweep.progress import LOGS_DIR, read_tail
-from sweep.state import read_json
+from sweep.state import STATUS_FILE, read_json
 
 LOG_TAIL_BYTES = 128 << 10  # per file: the end of a log holds the failure
 
@@ -70,13 +70,43 @@ def wait_for_node_files(attempt_dir: Path, nnodes: int, wait_s: float,
         time.sleep(poll_s)
 
 
+def wait_for_status(attempt_dir: Path, wait_s: float, poll_s: float = 0.25) -> bool:
+    """Whether node 0's status.json appeared within `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while not (attempt_dir / STATUS_FILE).exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def _consequential_signals(records: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Observations without the TERM/INT that another node's earlier failure caused.
+
+    `srun --kill-on-bad-exit` answers one node's failure with SIGTERM to the others; that TERM
+    is not a cancel. A node that failed on its own (no signal) before the TERM arrived is the cause.
+    """
+    failures = [r["ended_at"] for r in records.values()
+                if r["outcome"] != "completed" and not r["observed"].get("signals")]
+    if not failures:
+        return {k: r["observed"] for k, r in records.items()}
+    first_failure = min(failures)
+    cleaned = {}
+    for k, r in records.items():
+        obs = r["observed"]
+        pairs = list(zip(obs.get("signals", []), obs.get("signal_times", [])))
+        kept = [name for name, at in pairs if name == "USR1" or at < first_failure]
+        cleaned[k] = {**obs, "signals": kept} if pairs else obs
+    return cleaned
+
+
 def merge_nodes(attempt_dir: Path, own: dict[str, Any], others: dict[int, dict[str, Any] | None],
                 nnodes: int, expected_steps: int | None) -> dict[str, Any]:
     """The run's status.json: node 0's file, re-decided over every node that wrote one."""
     records = {0: own, **others}
     present = {k: r for k, r in records.items() if r is not None}
     missing = sorted(k for k, r in records.items() if r is None)
-    observed = {k: r["observed"] for k, r in present.items()}
+    observed = _consequential_signals(present)
     verdict = decide(observed, log_text(attempt_dir, sorted(present)), expected_steps)
     outcome, reason, rule = verdict.outcome, verdict.reason, verdict.rule
     lines = list(verdict.evidence_lines)
@@ -94,7 +124,7 @@ def merge_nodes(attempt_dir: Path, own: dict[str, Any], others: dict[int, dict[s
         "exit_codes": exit_codes,
         "last_step": max((r["last_step"] for r in present.values() if r.get("last_step") is not None),
                          default=None),
-        "signals": sorted({s for r in present.values() for s in r.get("signals", [])}),
+        "signals": sorted({s for o in observed.values() for s in o.get("signals", [])}),
         "started_at": min(r["started_at"] for r in present.values()),
         "ended_at": time.time(),
         "nodes": [records[k]["node"] if records[k] is not None else None for k in range(nnodes)],

@@ -26,8 +26,9 @@ from typing import Any
 from sweep import cleanup, proctree
 from sweep.classify import Verdict, scan_log_for_failures
 from sweep.progress import LOGS_DIR, Progress, StepMatcher
-from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json
-from sweep.verdict import decide, log_text, merge_nodes, node_file, wait_for_node_files
+from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json, read_json
+from sweep.verdict import (decide, log_text, merge_nodes, node_file, wait_for_node_files,
+                           wait_for_status)
 
 EVENTS_FILE = "watchdog.jsonl"
 PROGRESS_EVENT_EVERY_S = 60.0
@@ -174,6 +175,8 @@ class Watchdog:
         self.launcher: subprocess.Popen[bytes] | None = None
         self.exit_code: int | None = None
         self.orphans_reaped = 0
+        self.peers_done: set[int] = set()
+        self.peer_failed: str | None = None
         self.progress = Progress(config.attempt_dir, _step_matcher(config.framework))
 
     # -- events -------------------------------------------------------------------------
@@ -215,7 +218,8 @@ class Watchdog:
         stop_at = time.time()
         stop = proctree.stop_run(
             sid=self.launcher.pid if self.launcher else None, owner=me,
-            grace_s=cfg.signal_grace_s if self._signal_names() - {"USR1"} else cfg.grace_s,
+            grace_s=(cfg.signal_grace_s if self.peer_failed or self._signal_names() - {"USR1"}
+                     else cfg.grace_s),
             on_reap=self._collect)
         self.event("stopped", **stop.to_json(), exit_code=self.exit_code,
                    orphans_reaped=self.orphans_reaped)
@@ -223,7 +227,9 @@ class Watchdog:
         oom_after = _cgroup_oom_kills()
         observed = {
             "exit_code": self.exit_code, "launch_error": launch_error,
-            "signals": [name for name, _ in self.signals], "hang": hang,
+            "signals": [name for name, _ in self.signals],
+            "signal_times": [at for _, at in self.signals], "hang": hang,
+            "peer_failed": self.peer_failed,
             "last_step": self.progress.last_step, "steps_seen": self.progress.steps_seen,
             "summary_written": self.progress.summary is not None,
             "cgroup_oom_kills": (oom_after - oom_before
@@ -241,6 +247,11 @@ class Watchdog:
             atomic_write_json(cfg.attempt_dir / STATUS_FILE, status)
             self.event("status", outcome=status["outcome"], reason=status["reason"],
                        rule=status["rule"], missing_nodes=status["missing_nodes"])
+        elif verdict.outcome != "completed":
+            # srun --kill-on-bad-exit answers our non-zero exit with SIGTERM to node 0's
+            # watchdog: let node 0 write the run's verdict first.
+            written = wait_for_status(cfg.attempt_dir, cfg.node_wait_s + 15)
+            self.event("waited_for_status", written=written)
         usage = os.times()
         self.event("exit", cpu_self_s=usage.user + usage.system,
                    survivors=stop.survivors)
@@ -294,6 +305,8 @@ class Watchdog:
                 name, at = self.signals[0]
                 self.event("signal", signal=name, received_at=at)
                 return None
+            if self._peer_failed():
+                return None
             now = time.monotonic()
             if self.progress.last_progress is None:
                 idle, limit, phase = now - launched, cfg.startup_timeout_s, "startup"
@@ -311,6 +324,26 @@ class Watchdog:
                 self.event("hang", **hang)
                 return hang
             time.sleep(cfg.poll_s)
+
+    def _peer_failed(self) -> bool:
+        """Another node wrote a failed verdict: our ranks wait on a dead peer, so stop now."""
+        cfg = self.config
+        if cfg.nnodes < 2:
+            return False
+        names = set(os.listdir(cfg.attempt_dir))
+        for k in range(cfg.nnodes):
+            name = node_file(cfg.attempt_dir, k).name
+            if k == cfg.node_index or k in self.peers_done or name not in names:
+                continue
+            record = read_json(cfg.attempt_dir / name) or {}
+            if record.get("outcome") == "completed":
+                self.peers_done.add(k)
+            elif record.get("outcome"):
+                self.peer_failed = f"node{k}"
+                self.event("peer_failed", peer=self.peer_failed, outcome=record["outcome"],
+                           reason=record.get("reason"))
+                return True
+        return False
 
     def _failure_logged(self) -> bool:
         text = log_text(self.config.attempt_dir, [self.config.node_index])

@@ -50,6 +50,19 @@ def test_a_hang_the_watchdog_saw_beats_the_crashes_its_sigterm_caused(tmp_path: 
     assert (status["outcome"], status["reason"]) == ("hang", "no_progress_step")
 
 
+def test_a_term_that_followed_another_nodes_failure_is_not_a_cancel(tmp_path: Path) -> None:
+    write_log(tmp_path, 1, "err", 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
+              "RuntimeError: rank 1 died")
+    failed = node_record(1, observed())
+    termed = node_record(0, observed(exit_code=-15, signals=["TERM"],
+                                     signal_times=[failed["ended_at"] + 1]))
+    status = merge_nodes(tmp_path, termed, {1: failed}, 2, None)
+    assert (status["outcome"], status["evidence"], status["signals"]) == \
+        ("crashed", ["RuntimeError: rank 1 died"], [])
+    cancelled = node_record(0, observed(exit_code=-15, signals=["TERM"], signal_times=[time.time() - 60]))
+    assert merge_nodes(tmp_path, cancelled, {1: failed}, 2, None)["outcome"] == "cancelled"
+
+
 def test_a_node_without_a_file_is_a_node_failure_unless_slurm_stopped_the_job(tmp_path: Path) -> None:
     write_log(tmp_path, 0, "err", PEER_LINE)
     status = merge_nodes(tmp_path, node_record(0, observed()), {1: None}, 2, None)

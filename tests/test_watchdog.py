@@ -269,21 +269,26 @@ def test_stale_processes_of_a_dead_watchdog_are_cleaned_but_a_live_runs_are_not(
     assert live.status["outcome"] == "cancelled"
 
 
-def test_node0_writes_the_runs_verdict_from_the_node_that_failed_first(tmp_path: Path) -> None:
-    run = Run(tmp_path, nodes=2)
-    env = {"SLURM_NNODES": "2", "SLURMD_NODENAME": "n"}
+def test_a_failed_node_stops_the_others_and_node0_writes_the_runs_verdict(tmp_path: Path) -> None:
+    run = Run(tmp_path, nodes=2, hang_timeout_s=120)
+    env = {"SLURM_NNODES": "2"}
     node1 = run.start(run.python("steps(1)\nraise RuntimeError('rank 1 died')"),
                       env={**env, "SLURM_NODEID": "1", "SLURMD_NODENAME": "n1"})
-    node0 = run.start(run.python("steps(1)\ntime.sleep(1.5)\nsys.exit(3)"),
+    node0 = run.start(run.python("steps(1)\ntime.sleep(300)"),  # its ranks wait on the dead peer
                       "--node-wait-s", "20", env={**env, "SLURM_NODEID": "0", "SLURMD_NODENAME": "n0"})
-    node1.communicate(timeout=60)
+    started = time.monotonic()
     node0.communicate(timeout=60)
+    node1.communicate(timeout=60)
+    assert time.monotonic() - started < 30
     status = run.status
-    assert (status["outcome"], status["node"]) == ("crashed", "n0")
+    assert (status["outcome"], status["node"], status["nodes"]) == ("crashed", "n0", ["n0", "n1"])
     assert status["evidence"] == ["RuntimeError: rank 1 died"]
-    assert read_json(run.attempt / "node1.json")["outcome"] == "crashed"
-    assert status["exit_codes"] == {"node0": 3, "node1": 1} and status["nodes"] == ["n0", "n1"]
-    assert (run.attempt / "status.json").stat().st_mtime_ns >= (run.attempt / "node1.json").stat().st_mtime_ns
+    assert status["exit_codes"] == {"node0": -signal.SIGTERM, "node1": 1}
+    assert run.events("peer_failed")[0]["peer"] == "node1"
+    # node 1 exits (and srun --kill-on-bad-exit would TERM node 0) only once status.json exists
+    (node1_exit,) = [e for e in run.events("exit") if e["node"] == 1]
+    (written,) = run.events("status")
+    assert node1_exit["time"] >= written["time"] and (node1.returncode, node0.returncode) == (1, 143)
 
 
 def test_node0_calls_a_node_that_wrote_no_verdict_a_node_failure(tmp_path: Path) -> None:
