@@ -348,6 +348,7 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
     else:
         steps = _steps_from_logs(row, attempt_dir, config.framework, issues)
     stats = steady_state(steps, warmup, gbt, world)
+    _check_logged_rate(steps, warmup, stats, issues)
     last_step = row.get("last_step")
     row.update({k: v for k, v in stats.items() if v is not None})
     if last_step is not None:
@@ -380,6 +381,18 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
                       f"steps: no steady-state figures")
     if config is not None:
         _apply_mfu(row, config, summary, issues)
+
+
+def _check_logged_rate(steps: list[dict[str, Any]], warmup: int, stats: Mapping[str, Any],
+                       issues: list[str]) -> None:
+    """A framework's own tokens/s should agree with the planned batch over the measured step time."""
+    logged = [float(s["tokens_per_sec"]) for s in steps
+              if (s.get("step") or 0) > warmup and s.get("tokens_per_sec") is not None]
+    ours = stats.get("tokens_per_sec")
+    if logged and ours and abs(statistics.fmean(logged) - ours) > 0.05 * ours:
+        issues.append(f"the log's tokens/s ({statistics.fmean(logged):.6g}) differs by more than 5 % "
+                      f"from global batch tokens / mean step time ({ours:.6g}): does the run's batch "
+                      "match run.json?")
 
 
 def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int | None) -> None:

@@ -219,3 +219,54 @@ def test_sweep_collect_command_writes_runs_parquet(tmp_path, capsys) -> None:
     assert pq.read_table(tmp_path / "runs.parquet").equals(table)
     assert main(["collect", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def framework_config(framework: str, dp: int, world: int) -> RunConfig:
+    layout = Layout(dp=dp, tp=world // dp, pp=1, mbs=1, grad_acc=1, zero_stage=1)
+    return RunConfig(sweep="demo", framework=framework, model=SHAPE, layout=layout, nodes=1,
+                     gpus_per_node=world, gpu="h100-sxm", dtype="bf16", seq_len=4096,
+                     global_batch_sequences=layout.sequences_per_step,
+                     settings={"steps": 30, "warmup_steps": 3})
+
+
+def copy_log(refdata: Path, name: str, attempt: Path) -> None:
+    """A real published log (its #SOURCE header kept) as the node-0 output of an attempt."""
+    (attempt / "logs").mkdir(parents=True)
+    (attempt / "logs" / "node0.out").write_bytes((refdata / "logs" / name).read_bytes())
+
+
+def test_a_nanotron_attempt_is_measured_from_its_real_log(tmp_path, refdata) -> None:
+    from sweep.logs import get_parser
+
+    config = framework_config("nanotron", dp=2, world=2)
+    attempt = write_run(tmp_path, config) / "attempts" / "1"
+    copy_log(refdata, "nanotron_steps_1.log", attempt)
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    parsed = get_parser("nanotron").parse_file(attempt / "logs" / "node0.out")
+    steady = [s.step_time_s for s in parsed.steps if s.step > 3]
+    assert row["parser"] == f"log:nanotron@{parsed.format_version}" == "log:nanotron@nanotron-2024"
+    assert row["step_time_n"] == len(steady) and row["step_time_mean_s"] == statistics.fmean(steady)
+    assert row["step_time_std_s"] == statistics.stdev(steady)
+    assert row["tokens_per_sec"] == 2 * 4096 / statistics.fmean(steady)
+    assert row["mem_reserved_bytes"] == parsed.peak_mem_reserved_bytes and row["mem_source"] == "log"
+    assert row["last_step"] == parsed.last_step
+    # The log ran 4 sequences per step (its global_batch_size), run.json says 2: collect says so.
+    assert parsed.steps[-1].global_batch_size == 4
+    assert any("does the run's batch match run.json" in issue for issue in row["collect_issues"])
+
+
+def test_a_torchtitan_attempt_keeps_its_logged_rates_and_mfu(tmp_path, refdata) -> None:
+    from sweep.logs import get_parser
+
+    config = framework_config("torchtitan", dp=8, world=8)
+    attempt = write_run(tmp_path, config) / "attempts" / "1"
+    copy_log(refdata, "torchtitan_steps_4.log", attempt)
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    parsed = get_parser("torchtitan").parse_file(attempt / "logs" / "node0.out")
+    kept = [s for s in parsed.steps if s.step > 3]
+    assert row["step_time_n"] == 0 and row["step_time_mean_s"] is None  # not logged
+    assert row["tokens_per_sec_per_gpu"] == statistics.fmean(s.tokens_per_sec_per_gpu for s in kept)
+    assert row["mfu_reported"] == statistics.fmean(s.mfu_pct for s in kept) / 100
+    assert row["mfu_reported_convention"] == "torchtitan-log"
+    assert row["mfu_full_attention"] == pytest.approx(
+        row["tokens_per_sec_per_gpu"] * flops.flops_per_token(SHAPE, 4096, "full_attention") / PEAK)
