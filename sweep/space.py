@@ -70,6 +70,7 @@ RULE_NAMES: Final = tuple(rule.name for rule in PRUNE_RULES)
 KEPT: Final = "kept"
 STATUSES: Final = (KEPT, *(f"pruned:{name}" for name in RULE_NAMES))
 INTERLEAVED_VPP: Final = 2
+MAX_CANDIDATES_PER_NODE_COUNT: Final = 10_000_000  # about 3 GB of columns: a typo, not a plan
 LAYOUT_INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
 
 
@@ -225,17 +226,23 @@ def _axis(values: object, gpus: int) -> np.ndarray:
 
 
 def factorizations(spec: Spec, gpus: int) -> dict[str, np.ndarray]:
-    """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = gpus that the spec's axes allow."""
+    """Every (dp, tp, pp, cp, ep) with dp·tp·pp·cp·ep = gpus that the spec's axes allow.
+
+    Built one axis at a time on the GPUs still unassigned, so the work grows with the number
+    of factorisations, not with the number of divisors to the fourth power.
+    """
     axes = spec.axes
-    grids = np.meshgrid(*(_axis(getattr(axes, k), gpus) for k in ("tp", "pp", "cp", "ep")),
-                        indexing="ij")
-    tp, pp, cp, ep = (g.ravel() for g in grids)
-    inner = tp * pp * cp * ep
-    ok = gpus % inner == 0
-    dp = np.where(ok, gpus // np.maximum(inner, 1), 0)
-    if axes.dp != "auto":
-        ok &= np.isin(dp, np.array(axes.dp, dtype=np.int64))
-    return {"dp": dp[ok], "tp": tp[ok], "pp": pp[ok], "cp": cp[ok], "ep": ep[ok]}
+    found: dict[str, np.ndarray] = {"rest": np.array([gpus], dtype=np.int64)}
+    for name in ("tp", "pp", "cp", "ep"):
+        values = _axis(getattr(axes, name), gpus)
+        row, col = (i.ravel() for i in np.indices((len(found["rest"]), len(values))))
+        fits = found["rest"][row] % values[col] == 0
+        found = {k: v[row[fits]] for k, v in found.items()}
+        found[name] = values[col[fits]]
+        found["rest"] = found["rest"] // found[name]
+    dp = found.pop("rest")
+    ok = np.ones(len(dp), bool) if axes.dp == "auto" else np.isin(dp, np.array(axes.dp))
+    return {"dp": dp[ok], **{k: v[ok] for k, v in found.items()}}
 
 
 def micro_batch_sizes(spec: Spec) -> np.ndarray:
@@ -260,7 +267,12 @@ def enumerate_candidates(spec: Spec, nodes: int) -> dict[str, np.ndarray]:
     axes = [np.arange(len(layouts["dp"])), micro_batch_sizes(spec),
             np.array(spec.zero_stages, dtype=np.int64), np.arange(len(recompute)),
             np.arange(len(sp_values)), np.arange(len(schedules))]
-    index = _cross([len(a) for a in axes])
+    sizes = [len(a) for a in axes]
+    if int(np.prod(sizes)) > MAX_CANDIDATES_PER_NODE_COUNT:
+        raise PlanError("axes", f"{nodes} node(s) would give {int(np.prod(sizes)):,} candidates "
+                                f"(limit {MAX_CANDIDATES_PER_NODE_COUNT:,}); list fewer values "
+                                "on the axes (cp, ep, mbs, recompute, ...) instead of `auto`")
+    index = _cross(sizes)
     f, mbs, zero, rec, sp, sched = (a[i] for a, i in zip(axes, index))
     columns = {k: v[f] for k, v in layouts.items()}
     columns["sp"] = sp_values[sp]

@@ -281,3 +281,15 @@ def test_playbook_plan_contains_every_published_run(refdata: Path, repo_root: Pa
     assert other_batch.sum() == 20
     assert (merged.grad_acc[~other_batch] == merged.grad_acc_plan[~other_batch]).all()
     assert (merged.grad_acc_plan * runs.dp * runs.mbs == 256).all()
+
+
+def test_a_space_too_large_to_hold_is_refused_before_it_is_built() -> None:
+    # 2^23 GPUs: 17,550 factorisations × 11 mbs × 4 ZeRO × 3 recompute × 2 sp × 3 schedules
+    spec = spec_from(SMALL.replace("nodes: [1, 2]", "nodes: [1048576]")
+                     .replace("mbs: [1, 2, 4]", "mbs: auto\n  cp: auto\n  ep: auto")
+                     .replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]\n"
+                              "  recompute: [none, selective, full]")
+                     .replace("[1f1b, interleaved_1f1b]", "[1f1b, gpipe, interleaved_1f1b]")
+                     .replace("64}", "65536}\nconstraints: {max_mbs: 1024}"))
+    with pytest.raises(space.PlanError, match=r"axes: 1048576 node\(s\) would give"):
+        space.enumerate_candidates(spec, 1048576)
