@@ -333,7 +333,6 @@ def estimate(model: ModelShape, layout: Layout, *, seq_len: int, dtype: str = "b
     _check_stage(stage)
     row = layout.to_dict()
     columns = {name: np.asarray([row[name]]) for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule")}
-    columns["grad_acc"] = np.asarray([layout.grad_acc])
     masks = _check_columns(columns)
     out = _compute(model, columns, masks, seq_len, dtype, prof, stage)
     return MemoryEstimate(

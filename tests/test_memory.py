@@ -400,6 +400,35 @@ def test_chart_runs_reserved_memory_and_feasibility(charts):
     assert ((~failed["fits"]) | failed["empty_stage"]).mean() >= 0.80
 
 
+def test_best_playbook_configurations_fit_including_the_3b_and_80b_we_did_not_calibrate_on(refdata):
+    """The heatmap's winners ran, 3B and 80B included (held out from the calibration): each fits and
+    its reserved memory (rank 0) is predicted with a median error under 8 % and none over 25 %."""
+    frame = pd.read_csv(refdata / "playbook_best_configs_heatmap.csv").dropna(subset=["dp"])
+    models = {"1B": ONE_B, "3B": get_model("playbook-3b"), "8B": EIGHT_B, "80B": get_model("playbook-80b")}
+    errors = []
+    for r in frame.itertuples():
+        layout = Layout(dp=int(r.dp), tp=int(r.tp), pp=int(r.pp), mbs=int(r.mbs), grad_acc=int(r.grad_acc),
+                        zero_stage=int(r.zero_stage), sp=True)
+        model = models[r.model_label]
+        assert estimate(model, layout, seq_len=4096, profile="nanotron").total_bytes <= H100_BYTES, r
+        first = estimate(model, layout, seq_len=4096, profile="nanotron", stage="first")
+        errors.append(abs(first.reserved_bytes / (r.gpu_memory_GB * GiB) - 1))
+    assert len(errors) == 26 and np.median(errors) <= 0.08 and max(errors) <= 0.25, errors
+
+
+@pytest.mark.parametrize("gpus", [8, 16])
+def test_no_80b_layout_fits_on_one_or_two_nodes(gpus):
+    """The playbook's 80B cells at 1 and 2 nodes are empty: every configuration crashed or OOMed."""
+    model = get_model("playbook-80b")
+    for tp, pp in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 16)):
+        if gpus % (tp * pp):
+            continue
+        for zero in (0, 1):
+            layout = Layout(dp=gpus // (tp * pp), tp=tp, pp=pp, mbs=1, grad_acc=256 // (gpus // (tp * pp)),
+                            zero_stage=zero, sp=True)
+            assert estimate(model, layout, seq_len=4096, profile="nanotron").total_bytes > H100_BYTES, layout
+
+
 # ------------------------------------------------------------------ published configurations fit
 #
 # Each ran on a real cluster, so each must be predicted to fit under the closest profile.
