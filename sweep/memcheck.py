@@ -11,8 +11,8 @@ Two CSV formats, told apart by their columns:
 
 Each run is judged as the planner would judge it, at its own layout and grad_acc: every prune
 rule applies except `batch` (the run's global batch is what it ran; a few published runs did not
-hold the sweep's). Rows that match no spec model, or whose dp·tp·pp is not nodes × the spec's
-GPUs per node, are skipped and counted. A field a format cannot give is None.
+hold the sweep's). Rows that match no spec model, lack a layout value, or whose dp·tp·pp is
+not nodes × the spec's GPUs per node, are skipped and counted. A field a format cannot give is None.
 
 The measured allocated peak of the full table is nanotron's: its `log_memory` resets the peak
 counters after the forward/backward pass, so it is compared with the memory model's
@@ -125,7 +125,9 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
         bad = sorted(set(raw.loc[frame["outcome"].isna(), "status"].astype(str)))
         raise RunsFileError(f"{source}: status {bad} is not one this format uses")
     gpus = spec.gpus_per_node_resolved
-    usable = frame["model"].notna() & (frame.dp * frame.tp * frame.pp == frame.nodes * gpus)
+    layout = ["nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
+    usable = (frame["model"].notna() & frame[layout].notna().all(axis=1)
+              & (frame.dp * frame.tp * frame.pp == frame.nodes * gpus))
     frame = frame[usable].reset_index(drop=True)
     for column in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
         frame[column] = frame[column].astype(np.int64)

@@ -140,3 +140,14 @@ def test_cli_rejects_a_file_of_neither_format(refdata: Path, repo_root: Path,
     bad = refdata / "model_architectures.csv"
     assert main(["memory-check", str(bad), "--spec", spec]) == 2
     assert "neither runs format" in capsys.readouterr().err
+
+
+def test_rows_without_a_layout_or_on_other_hardware_are_skipped(
+        refdata: Path, playbook: Spec, tmp_path: Path) -> None:
+    raw = pd.read_csv(refdata / CHARTS).head(10)
+    raw.loc[0, "dp"] = None  # a row that lost its layout
+    raw.loc[1, "nodes"] = raw.loc[1, "nodes"] * 2  # dp·tp·pp no longer fills the nodes
+    path = tmp_path / "runs.csv"
+    raw.to_csv(path, index=False)
+    result = memcheck.check(path, playbook)
+    assert result.n_skipped == 2 and result.n_success + result.n_failed == 8
