@@ -126,3 +126,13 @@ def test_replanning_over_runs_of_another_spec_is_refused(
     other = write_spec(tmp_path, SPEC.replace("sequences: 32", "sequences: 64"))
     assert main(["plan", str(other), "--out", str(out)]) == 2
     assert "holds runs of another spec" in capsys.readouterr().err
+
+
+def test_an_override_that_selects_no_kept_run_is_flagged(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = SPEC + ("overrides:\n  - where: {tp: 2, mbs: 1}\n    set: {time_limit: '00:40:00'}\n"
+                   "  - where: {tp: 3}\n    set: {time_limit: '00:50:00'}\n")
+    assert main(["plan", str(write_spec(tmp_path, text)), "--out", str(tmp_path / "s")]) == 0
+    printed = capsys.readouterr().out
+    assert "overrides[1].where {'tp': 3} matches no kept run" in printed
+    assert "overrides[0]" not in printed
