@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from sweep.throughput import FEATURES, Coefficients, Workload, features, predict
+from sweep import catalog
+from sweep.spec import Spec
+from sweep.throughput import (FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features,
+                              predict)
 
 MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
@@ -136,4 +139,30 @@ def relative_errors(frame: pd.DataFrame, work: Workload, coeffs: Coefficients,
     return predicted / frame[column].to_numpy(float) - 1.0
 
 
-__all__ = ["Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]
+def workloads_for(spec: Spec) -> dict[str, Workload]:
+    """One throughput-model workload per model of the spec, by model name."""
+    return {shape.name: Workload(shape, spec.seq_len, spec.gpu_spec, spec.dtype,
+                                 spec.gpus_per_node_resolved,
+                                 GRAD_REDUCE_BYTES.get(spec.framework, 4))
+            for shape in spec.model_shapes}
+
+
+def model_names_for(spec: Spec, labels: list[str]) -> dict[str, str]:
+    """Map the model labels of a runs table (catalog names or aliases such as the playbook's
+    `1B`) to the spec's model names; labels that name no model of the spec are left out."""
+    names = {shape.name for shape in spec.model_shapes}
+    out = {}
+    for label in labels:
+        if label in names:
+            out[label] = label
+            continue
+        try:
+            canonical = catalog.get_model(label).name
+        except catalog.CatalogError:
+            continue
+        if canonical in names:
+            out[label] = canonical
+    return out
+
+
+__all__ = ["workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]

@@ -342,6 +342,10 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
         "max_regret": float(table.regret.max()),
         "mean_regret": float(table.regret.mean()),
         "rounds": float(result.rounds),
+        # OOM rules are proofs only if memory is monotone: count the skips that would have run.
+        "pruned_but_completed": float((result.skipped.reason.str.startswith("pruned:")
+                                       & (outcomes.status.reindex(result.skipped.candidate)
+                                          .to_numpy() == "completed")).sum()),
     }
     return headline, table
 
@@ -358,9 +362,12 @@ class Replay:
     published_gpu_hours: float
 
 
-def _normalise(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload]
-               ) -> pd.DataFrame:
-    """Map a published table onto (model, nodes, layout, status, tokens_per_s_per_gpu)."""
+def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload]
+                   ) -> pd.DataFrame:
+    """Map a runs table onto (model, nodes, layout, status, tokens_per_s_per_gpu).
+
+    Reads the playbook's charts table, nanotron's results table (which tells OOM apart), and
+    runs.parquet (`outcome`: completed, oom, anything else counts as failed)."""
     if {"model_label", "tokens_per_sec_per_gpu"} <= set(runs):  # playbook charts
         status = runs.status.map({"success": "completed", "failed": "failed"})
         return pd.DataFrame({"model": runs.model_label, "nodes": runs.nodes, "dp": runs.dp,
@@ -378,13 +385,17 @@ def _normalise(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload
                              "mbs": runs.mbs, "grad_acc": runs.batch_accum,
                              "zero_stage": runs.zero_stage, "status": status,
                              "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
+    if {"outcome", "tokens_per_sec_per_gpu", "model"} <= set(runs):  # runs.parquet
+        status = runs.outcome.map(lambda o: o if o in ("completed", "oom") else "failed")
+        runs = runs.assign(status=status, tokens_per_s_per_gpu=runs.tokens_per_sec_per_gpu)
     needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
               "tokens_per_s_per_gpu"}
     missing = sorted(needed - set(runs))
     if missing:
         raise ValueError(f"{source}: not a playbook table nor a runs table: lacks column(s) "
                          f"{missing}")
-    return runs[sorted(needed)].copy()
+    extra = [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp") if c in runs]
+    return runs[sorted(needed) + extra].copy()
 
 
 def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str],
@@ -395,7 +406,7 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
     times (startup + steps × step time); a failed run is charged startup plus one step at its
     cell's median completed step time (it dies at its first step).
     """
-    rows = _normalise(runs, source, workloads)
+    rows = normalise_runs(runs, source, workloads)
     model_names = {**{name: name for name in workloads}, **model_names}
     unknown = sorted(set(rows.model.astype(str)) - set(model_names))
     if unknown:
@@ -422,5 +433,5 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
                   len(rows), float(rows.gpu_hours.sum()))
 
 
-__all__ = ["Replay", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+__all__ = ["Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
            "score", "search"]

@@ -1,0 +1,108 @@
+"""`sweep calibrate RUNS --spec SPEC [--out FILE]`: fit the throughput model to completed runs.
+
+RUNS is runs.parquet (written by `sweep collect` or `sweep import-playbook`) or a published CSV
+(the playbook's runs table or nanotron's results table). The coefficients go to FILE, by default
+results/<spec name>/throughput.json, beside the sweep's plan; `sweep replay --coefficients` and
+the planner read them back. With more than one model, each model is also scored by a fit to the
+others only (held out), so the printed error is not just the fit's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sweep.calibrate import Fit, fit, model_names_for, relative_errors, workloads_for
+from sweep.cli import UserError
+from sweep.economy import normalise_runs
+from sweep.spec import Spec, load_spec
+from sweep.state import atomic_write_text
+from sweep.throughput import Coefficients, Workload
+
+COEFFICIENTS_FILE = "throughput.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, help="runs.parquet, or a published runs CSV")
+    parser.add_argument("--spec", type=Path, required=True,
+                        help="the sweep spec: models, GPU, sequence length")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"where to write the coefficients (default: results/<spec name>/"
+                             f"{COEFFICIENTS_FILE})")
+
+
+def read_runs(path: Path) -> pd.DataFrame:
+    """A runs table from parquet or CSV, or a UserError that names the file."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file; give runs.parquet or a runs CSV")
+    try:
+        if path.suffix == ".parquet":
+            return pd.read_parquet(path)
+        return pd.read_csv(path, comment=None)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: cannot read it as {path.suffix.lstrip('.') or 'CSV'}: "
+                        f"{error}") from None
+
+
+def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Workload]]:
+    """(model name, completed runs, workload) per spec model that has runs in the table."""
+    workloads = workloads_for(spec)
+    try:
+        rows = normalise_runs(read_runs(path), str(path), workloads)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    names = model_names_for(spec, sorted(set(rows.model.astype(str))))
+    if not names:
+        raise UserError(f"{path}: none of its models ({', '.join(sorted(set(rows.model)))}) is "
+                        f"a model of {spec.name}; list them under `models:` in the spec")
+    rows = rows.assign(model=rows.model.astype(str).map(names))
+    rows = rows[rows.model.notna() & (rows.status == "completed")
+                & (rows.tokens_per_s_per_gpu > 0)]
+    return [(name, group, workloads[name]) for name, group in rows.groupby("model")]
+
+
+def coefficients_payload(result: Fit, source: Path, spec: Spec) -> dict:
+    return {"coefficients": result.coefficients.to_dict(), "rows": result.rows,
+            "median_abs_error": result.median_abs_error, "p90_abs_error": result.p90_abs_error,
+            "source": str(source), "spec": spec.name, "spec_hash": spec.spec_hash()}
+
+
+def load_coefficients(path: Path) -> Coefficients:
+    """Coefficients written by `sweep calibrate`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Coefficients.from_dict(data["coefficients"])
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the coefficients: {error.strerror}") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path}: not a `sweep calibrate` file ({error}); run `sweep calibrate` "
+                        "to write one") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    groups = completed_groups(args.runs, spec)
+    try:
+        result = fit([(frame, work) for _, frame, work in groups])
+    except ValueError as error:
+        raise UserError(f"{args.runs}: {error}") from None
+    out = args.out if args.out is not None else Path("results") / spec.name / COEFFICIENTS_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = coefficients_payload(result, args.runs, spec)
+    atomic_write_text(out, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    for name, value in result.coefficients.to_dict().items():
+        print(f"{name:>18} = {value:.6g}")
+    print(f"fitted on {result.rows} completed runs: median |error| of tokens/s/GPU "
+          f"{result.median_abs_error:.1%}, 90th percentile {result.p90_abs_error:.1%}")
+    for name, frame, work in groups if len(groups) > 1 else []:
+        others = [(f, w) for n, f, w in groups if n != name]
+        held = fit(others).coefficients
+        errors = np.abs(relative_errors(frame, work, held))
+        print(f"held out {name}: fitted on the other models, median |error| "
+              f"{np.median(errors):.1%} over {len(frame)} runs")
+    print(f"→ {out}")
+    return 0

@@ -1,0 +1,92 @@
+"""`sweep replay RUNS --spec SPEC --strategy S [--json]`: replay a published sweep under a strategy.
+
+The published outcomes are the oracle: the strategy asks for runs and gets the published result
+(failed, or the throughput). Each distinct configuration is one candidate (a published repeat
+answers with its first outcome). It reports the runs and GPU-hours spent against the whole
+published sweep, and per (model, nodes) cell whether the best tokens/s/GPU was found within 2 %.
+A run's GPU-hours are its GPUs × (startup + steps × its step time); a failed run costs startup
+plus one step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from sweep.calibrate import model_names_for, workloads_for
+from sweep.cli import UserError
+from sweep.commands.calibrate import load_coefficients, read_runs
+from sweep.economy import STRATEGIES, Params, normalise_runs, replay_table, score, search
+from sweep.spec import load_spec
+from sweep.throughput import Coefficients
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("runs", type=Path, help="published runs: CSV or runs.parquet")
+    parser.add_argument("--spec", type=Path, required=True, help="the sweep spec (models, GPU)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--coefficients", type=Path, default=None,
+                        help="start from a `sweep calibrate` file instead of the physical prior")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per run for GPU-hours (default: the spec's run.steps)")
+    parser.add_argument("--startup-s", type=float, default=60.0,
+                        help="seconds a run spends before its first step (default: 60)")
+    parser.add_argument("--failed-is-oom", action="store_true",
+                        help="treat unclassified failures as OOMs in the skipping rules")
+    defaults = Params()
+    parser.add_argument("--k", type=int, default=defaults.k,
+                        help=f"adaptive: runs per open cell per round (default {defaults.k})")
+    parser.add_argument("--epsilon", type=float, default=defaults.epsilon,
+                        help=f"adaptive: closing margin (default {defaults.epsilon})")
+    parser.add_argument("--min-cell-runs", type=int, default=defaults.min_cell_runs,
+                        help=f"adaptive: runs in a cell before it may close "
+                             f"(default {defaults.min_cell_runs})")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    for name in ("k", "min_cell_runs", "steps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')}: must be at least 1, got {value}")
+    if not 0 <= args.epsilon < 1 or not math.isfinite(args.startup_s) or args.startup_s < 0:
+        raise UserError("--epsilon must be in [0, 1) and --startup-s a non-negative number")
+    workloads = workloads_for(spec)
+    table = read_runs(args.runs)
+    try:
+        labels = sorted(set(normalise_runs(table, str(args.runs), workloads).model.astype(str)))
+        replay = replay_table(table, str(args.runs), model_names_for(spec, labels), workloads,
+                              args.steps or spec.run.steps, args.startup_s)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    prior = load_coefficients(args.coefficients) if args.coefficients else Coefficients()
+    params = Params(k=args.k, epsilon=args.epsilon, min_cell_runs=args.min_cell_runs,
+                    failed_is_oom=args.failed_is_oom)
+    result = search(replay.candidates, replay.outcomes, args.strategy, workloads, prior, params)
+    headline, cells = score(result, replay.outcomes, replay.candidates, replay.published_runs,
+                            replay.published_gpu_hours)
+    reasons = result.skipped.reason.str.replace(r" \(.*", "", regex=True).value_counts().to_dict()
+    if args.json:
+        print(json.dumps({
+            "strategy": args.strategy, "source": str(args.runs), **headline,
+            "published_runs": replay.published_runs,
+            "published_gpu_hours": replay.published_gpu_hours,
+            "params": dataclasses.asdict(params), "skipped": reasons,
+            "cells": cells.reset_index(names="cell").to_dict(orient="records"),
+            "coefficients": result.coefficients.to_dict() if result.coefficients else None,
+        }, indent=2, default=float))
+        return 0
+    print(f"{'cell':<22}{'candidates':>11}{'launched':>9}{'rounds':>7}{'best tok/s/GPU':>16}"
+          f"{'found':>10}{'regret':>8}  within 2 %")
+    for cell, row in cells.iterrows():
+        found = "-" if math.isnan(row.found) else f"{row.found:.0f}"
+        print(f"{cell:<22}{row.candidates:>11}{row.launched:>9}{row.rounds:>7.0f}"
+              f"{row.best:>16.0f}{found:>10}{row.regret:>8.1%}  {'yes' if row.within else 'NO'}")
+    for reason, count in reasons.items():
+        print(f"skipped {count} candidates: {reason}")
+    print(" ".join(f"{k}={v:.4g}" for k, v in headline.items()))
+    return 0

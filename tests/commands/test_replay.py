@@ -1,0 +1,115 @@
+"""`sweep replay` and `sweep calibrate`: real files in, figures and coefficient files out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sweep.cli import main
+
+SPEC = """\
+name: replay-test
+framework: nanotron
+gpu: h100-sxm
+gpus_per_node: 8
+models: [playbook-1b, playbook-8b]
+nodes: [1, 2, 4, 8, 16, 32, 64]
+seq_len: 4096
+global_batch: {sequences: 256}
+run: {steps: 20, warmup_steps: 5}
+"""
+
+
+@pytest.fixture()
+def spec(tmp_path: Path) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+@pytest.fixture()
+def small_runs(refdata, tmp_path: Path) -> Path:
+    """The playbook's 1-2 node runs: a real published table, small enough to replay quickly."""
+    runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
+    path = tmp_path / "runs_small.csv"
+    runs[runs.nodes <= 2].to_csv(path, index=False)
+    return path
+
+
+def replay(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "import sys; from sweep.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", "replay", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_json_report_of_an_adaptive_replay(small_runs: Path, spec: Path) -> None:
+    done = replay(str(small_runs), "--spec", str(spec), "--strategy", "adaptive", "--json",
+                  "--min-cell-runs", "16")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["cells_total"] == 4 and len(report["cells"]) == 4
+    assert report["published_runs"] == len(pd.read_csv(small_runs))
+    assert 0 < report["runs_launched_frac"] < 1 and 0 < report["gpu_hours_frac"] < 1
+    assert report["cells_within_2pct"] == sum(c["within"] for c in report["cells"])
+    assert report["params"]["min_cell_runs"] == 16
+    assert sum(report["skipped"].values()) + report["runs_launched"] == sum(
+        c["candidates"] for c in report["cells"])
+
+
+def test_exhaustive_text_report_ends_with_the_headline(small_runs: Path, spec: Path) -> None:
+    done = replay(str(small_runs), "--spec", str(spec))
+    assert done.returncode == 0, done.stderr
+    last = dict(pair.split("=") for pair in done.stdout.strip().splitlines()[-1].split())
+    assert float(last["cells_within_2pct"]) == float(last["cells_total"]) == 4
+    # Exhaustive runs every distinct configuration once: only published repeats are not re-run.
+    runs = pd.read_csv(small_runs)
+    distinct = len(runs.drop_duplicates(["model_label", "nodes", "dp", "tp", "pp", "mbs",
+                                         "grad_acc", "zero_stage"]))
+    assert float(last["runs_launched"]) == distinct < len(runs)
+    assert 0.9 < float(last["gpu_hours_frac"]) < 1.0
+    assert "playbook-8b|2" in done.stdout
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, spec: Path, capsys) -> None:
+    assert main(["replay", str(tmp_path / "missing.csv"), "--spec", str(spec)]) == 2
+    assert "missing.csv: no such file" in capsys.readouterr().err
+    junk = tmp_path / "junk.csv"
+    junk.write_text("a,b\n1,2\n")
+    assert main(["replay", str(junk), "--spec", str(spec)]) == 2
+    assert "junk.csv: not a playbook table nor a runs table" in capsys.readouterr().err
+
+
+def test_calibrate_writes_coefficients_that_replay_reads(small_runs: Path, spec: Path,
+                                                         tmp_path: Path, capsys) -> None:
+    out = tmp_path / "sweep" / "throughput.json"
+    assert main(["calibrate", str(small_runs), "--spec", str(spec), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "held out playbook-1b" in printed and "held out playbook-8b" in printed
+    stored = json.loads(out.read_text())
+    assert stored["rows"] == int((pd.read_csv(small_runs).status == "success").sum())
+    assert stored["coefficients"]["compute"] > 1.0  # no GPU beats its dense peak
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive",
+                 "--coefficients", str(out), "--json", "--min-cell-runs", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["cells_total"] == 4
+
+
+def test_calibrate_refuses_a_table_with_none_of_the_specs_models(tmp_path: Path, capsys,
+                                                                  small_runs: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text(SPEC.replace("[playbook-1b, playbook-8b]", "[llama-3.2-1b]"))
+    assert main(["calibrate", str(small_runs), "--spec", str(other)]) == 2
+    assert "none of its models" in capsys.readouterr().err
+
+
+def test_broken_coefficients_file_is_named(small_runs: Path, spec: Path, tmp_path: Path,
+                                           capsys) -> None:
+    bad = tmp_path / "throughput.json"
+    bad.write_text('{"coefficients": {"computee": 2}}')
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive",
+                 "--coefficients", str(bad)]) == 2
+    assert "throughput.json: not a `sweep calibrate` file" in capsys.readouterr().err
