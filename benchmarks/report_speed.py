@@ -17,7 +17,8 @@ from pathlib import Path
 from collect_speed import synthetic_configs  # benchmarks/ is on sys.path when run as a script
 
 from sweep.cli import main
-from sweep.collect import config_columns, dense_peak, mfu_columns, write_runs
+from sweep.collect import write_runs
+from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.schema import SCHEMA_VERSION, to_table
 
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 import pandas as pd
 
 from sweep import catalog
-from sweep.collect import config_columns, dense_peak, mfu_columns
+from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.layout import Layout
 from sweep.runconfig import RunConfig
 from sweep.schema import GIB, SCHEMA_VERSION
