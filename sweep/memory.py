@@ -181,6 +181,44 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return masks
 
 
+def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.ndarray],
+                 f64: Mapping[str, np.ndarray], sp: np.ndarray, single: np.ndarray, n_first: np.ndarray,
+                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool) -> tuple[np.ndarray, ...]:
+    """Activation and logits bytes on one rank of the first and of the last stage, and the
+    micro-batches each holds in flight."""
+    tp, pp, cp, mbs, ga, vpp = (f64[k] for k in ("tp", "pp", "cp", "mbs", "grad_acc", "vpp"))
+    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
+    tokens = mbs * seq_len / cp  # of one micro-batch on one rank: CP splits the sequence
+    sp_div = np.where(sp, tp, 1.0)  # SP shards the norm and linear inputs too
+    k = float(model.experts_per_token) if model.is_moe else 1.0
+    ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
+    ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
+    # per token and layer: 2 norm inputs + 2 linear inputs (h each), q, k, v, attention output, FFN
+    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
+                       + (a * 2 * h * k / sp_div if model.is_moe else 0.0))  # MoE: permuted tokens
+    if not prof.flash_attention:  # attention scores and softmax, unless recomputed
+        per_token_layer = per_token_layer + np.where(
+            masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
+    full = masks["full"]  # keeps each layer's input; recomputes one layer at a time in backward
+    stored_per_layer = np.where(full, a * h / sp_div, per_token_layer) * tokens
+    working_layer = np.where(full, per_token_layer * tokens, 0.0)
+    head_inputs = a * 2 * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
+
+    # micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the last;
+    # GPipe holds all; interleaved 1F1B follows Megatron: pp * (1 + (pp-1)/(pp*vpp)) on the first
+    interleaved = masks["interleaved_1f1b"] & (vpp > 1)
+    gpipe = masks["gpipe"]
+    first_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, pp + (pp - 1) / vpp),
+                                            np.minimum(ga, pp)))
+    first_mb = np.where(single, 1.0, first_mb)
+    last_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
+    last_mb = np.maximum(last_mb, 1.0)
+    act_first = stored_per_layer * n_first * first_mb + working_layer + np.where(single, head_inputs, 0.0)
+    act_last = stored_per_layer * n_last * last_mb + working_layer + head_inputs
+    logits = tokens * model.vocab_size / tp * prof.logits_bytes_per_element
+    return act_first, act_last, np.where(single, logits, 0.0), logits, first_mb, last_mb
+
+
 def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray],
              seq_len: int, dtype: str, prof: MemoryProfile, stage: str) -> dict[str, np.ndarray]:
     if dtype not in _ACT_BYTES:
@@ -188,15 +226,13 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     f64 = {k: np.asarray(columns[k], dtype=np.float64) for k in _INT_COLUMNS}
-    dp, tp, pp, cp, ep = f64["dp"], f64["tp"], f64["pp"], f64["cp"], f64["ep"]
-    mbs, ga, zero, vpp = f64["mbs"], f64["grad_acc"], f64["zero_stage"], f64["vpp"]
+    dp, tp, pp, cp, ep, zero = (f64[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero_stage"))
     sp = np.asarray(columns["sp"], dtype=bool)
     a = float(_ACT_BYTES[dtype])
     full_precision = dtype in ("fp32", "tf32")
 
     pc = count_parameters(model)
-    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
-    vocab = float(model.vocab_size)
+    h, vocab = float(model.hidden_size), float(model.vocab_size)
     gelu = _mlp_kind(model) == "gelu"
     expert_per_layer = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
     dense_per_layer = float(pc.per_layer) - expert_per_layer
@@ -236,34 +272,11 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
                           prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
         return weights, grads, optim, gather
 
-    # --- activations, per token of one micro-batch on one rank
-    tokens = mbs * seq_len / cp
-    sp_div = np.where(sp, tp, 1.0)
-    k = float(model.experts_per_token) if model.is_moe else 1.0
-    ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
-    ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
-    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
-                       + (a * 2 * h * k / sp_div if model.is_moe else 0.0))
-    if not prof.flash_attention:
-        per_token_layer = per_token_layer + np.where(
-            masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
-    full = masks["full"]
-    stored_per_layer = np.where(full, a * h / sp_div, per_token_layer) * tokens
-    working_layer = np.where(full, per_token_layer * tokens, 0.0)  # one layer recomputed at a time
-    head_inputs = a * 2 * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
-
-    interleaved = masks["interleaved_1f1b"]
-    gpipe = masks["gpipe"]
-    first_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, pp + (pp - 1) / vpp),
-                                            np.minimum(ga, pp)))
-    last_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
-    first_mb = np.where(single, 1.0, first_mb)
-    act_first = stored_per_layer * n_first * first_mb + working_layer + np.where(single, head_inputs, 0.0)
-    act_last = stored_per_layer * n_last * last_mb + working_layer + head_inputs
-    logits = tokens * vocab / tp * prof.logits_bytes_per_element
-    logits_first = np.where(single, logits, 0.0)
+    act_first, act_last, logits_first, logits, first_mb, last_mb = _activations(
+        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu)
 
     # --- fixed buffers and runtime
+    tokens = f64["mbs"] * seq_len / cp
     buffers_fixed = prof.workspace_bytes + np.where(tp > 1, prof.tp_buffer_bytes_per_token_h * tokens * h, 0.0)
     groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
     overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
@@ -282,11 +295,11 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
                 + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)
         comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
                  "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
-        step = weights + grads + optim + buffers_fixed + fsdp + gather
+        step = weights + grads + optim + buffers_fixed + gather  # gathered bf16 copies are freed by then
         return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
 
     first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb)
-    last, step_last = stage_total(dense_last, expert_last, act_last, logits, np.maximum(last_mb, 1.0))
+    last, step_last = stage_total(dense_last, expert_last, act_last, logits, last_mb)
     total_first = sum(first.values())
     total_last = sum(last.values())
     if stage == "first":
