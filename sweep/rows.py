@@ -39,7 +39,9 @@ def config_columns(config: RunConfig) -> dict[str, Any]:
         "steps": settings.get("steps"), "warmup_steps": settings.get("warmup_steps"),
         "settings_json": json.dumps(settings, sort_keys=True),
         "spec_hash": config.spec_hash,
-        "mem_predicted_bytes": config.predicted.get("memory_bytes"),
+        "mem_predicted_allocated_bytes": config.predicted.get("mem_allocated_bytes"),
+        "mem_predicted_reserved_bytes": config.predicted.get("mem_reserved_bytes"),
+        "mem_predicted_total_bytes": config.predicted.get("mem_total_bytes"),
         "predicted_json": json.dumps(config.predicted, sort_keys=True),
     }
 

@@ -138,7 +138,12 @@ _MEMORY = _cols(
     ("mem_allocated_bytes", "float64", "bytes", "measured peak allocated (max over ranks; imports: rank 0)"),
     ("mem_reserved_bytes", "float64", "bytes", "measured peak reserved by the allocator"),
     ("mem_source", "string", "", "cuda, cpu-rss, or cuda:rank0 (imports)"),
-    ("mem_predicted_bytes", "float64", "bytes", "memory model's prediction per GPU (run.json `predicted.memory_bytes`)"),
+    ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
+     "(plan column mem_allocated_bytes, via run.json `predicted`)"),
+    ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "
+     "comparable to mem_reserved_bytes"),
+    ("mem_predicted_total_bytes", "float64", "bytes", "memory model: reserved + CUDA context, "
+     "NCCL and runtime overhead (what must fit the GPU)"),
     ("predicted_json", "string", "JSON", "everything the planner predicted (run.json `predicted`)"),
 )
 _SLURM = _cols(

@@ -32,7 +32,8 @@ def make_config(dp: int = 8, mbs: int = 1, warmup: int = 3) -> RunConfig:
                      gpus_per_node=8, gpu="h100-sxm", dtype="bf16", seq_len=4096,
                      global_batch_sequences=layout.sequences_per_step,
                      settings={"steps": 10, "warmup_steps": warmup}, spec_hash="spec123",
-                     predicted={"memory_bytes": 3.5e10})
+                     predicted={"mem_allocated_bytes": 2.9e10, "mem_reserved_bytes": 3.2e10,
+                                "mem_total_bytes": 3.5e10, "mem_weights_bytes": 2.7e9})
 
 
 def write_run(sweep_dir: Path, config: RunConfig) -> Path:
@@ -107,7 +108,9 @@ def test_completed_attempt_keeps_the_summary_and_recomputes_mfu_per_convention(t
         assert row[f"mfu_{convention}"] == pytest.approx(32768.0 * per_token / PEAK, rel=1e-12)
     assert row["peak_flops_source"] == "catalog:h100-sxm:bf16"
     assert row["mfu_reported"] == pytest.approx(row["mfu_full_attention"], rel=1e-12)
-    assert row["mem_reserved_bytes"] == 3.3e10 and row["mem_predicted_bytes"] == 3.5e10
+    assert row["mem_reserved_bytes"] == 3.3e10 and row["mem_predicted_reserved_bytes"] == 3.2e10
+    assert (row["mem_predicted_allocated_bytes"], row["mem_predicted_total_bytes"]) == (2.9e10, 3.5e10)
+    assert json.loads(row["predicted_json"])["mem_weights_bytes"] == 2.7e9
     assert row["elapsed_s"] == 360.0 and row["gpu_hours"] == pytest.approx(360.0 * 8 / 3600)
     assert row["slurm_job_id"] == "77_3" and row["node_list"] == "node1"
     assert row["harness_version"] == sweep.__version__

@@ -29,7 +29,7 @@ def test_issue_columns_are_present() -> None:
     required = {"outcome", "reason", "evidence", "step_time_mean_s", "step_time_std_s",
                 "step_time_n", "warmup_steps_skipped", "steady_state_policy", "tokens_per_sec",
                 "tokens_per_sec_per_gpu", "mem_allocated_bytes", "mem_reserved_bytes",
-                "mem_predicted_bytes", "slurm_job_id", "node_list", "started_at", "ended_at",
+                "mem_predicted_reserved_bytes", "slurm_job_id", "node_list", "started_at", "ended_at",
                 "elapsed_s", "gpu_hours", "spec_hash", "harness_git_sha", "harness_version",
                 "framework", "framework_version", "torch_version", "parser"}
     assert required <= set(schema.COLUMN_NAMES)
