@@ -165,4 +165,20 @@ def model_names_for(spec: Spec, labels: list[str]) -> dict[str, str]:
     return out
 
 
-__all__ = ["workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]
+def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coefficients()
+                 ) -> pd.DataFrame:
+    """Predicted step time, tokens/s/GPU and MFU for every row of a plan (`sweep.space.plan`),
+    indexed like the plan; what `sweep plan` shows beside each kept candidate."""
+    workloads = workloads_for(spec)
+    unknown = sorted(set(plan["model"].astype(str)) - set(workloads))
+    if unknown:
+        raise ValueError(f"plan rows name model(s) {unknown} that the spec does not have")
+    parts = [predict(group, workloads[str(name)], coeffs)[
+                 ["pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu"]]
+             for name, group in plan.groupby(plan["model"].astype(str), sort=False)]
+    if not parts:
+        return pd.DataFrame(columns=["pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu"])
+    return pd.concat(parts).reindex(plan.index)
+
+
+__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]

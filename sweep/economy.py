@@ -13,13 +13,14 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   optimistic prediction (prediction × the cell's upper residual quantile) beats the best measured
   run by more than ε. The OOM rules of ``pruned`` apply too.
 
-The oracle is a table of outcomes, so the same code replays a published sweep (`sweep replay`)
-and drives a live one. Pure: no I/O.
+The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
+batch and returns its outcomes (a live sweep), so the same code does both. Pure: no I/O of its
+own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -168,21 +169,36 @@ def _cell_keys(frame: pd.DataFrame) -> pd.Series:
     return frame[list(CELL)].astype(str).agg("|".join, axis=1)
 
 
-def search(candidates: pd.DataFrame, outcomes: pd.DataFrame, strategy: str,
+Oracle = Callable[[pd.Index], pd.DataFrame]
+OUTCOME_COLUMNS: Final = ("status", "tokens_per_s_per_gpu", "gpu_hours")
+
+
+def table_oracle(outcomes: pd.DataFrame) -> Oracle:
+    """An oracle that answers from a table of known outcomes (a replay)."""
+    return lambda ids: outcomes.loc[ids]
+
+
+def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: str,
            workloads: Mapping[str, Workload], prior: Coefficients = Coefficients(),
            params: Params = Params()) -> Search:
-    """Run `strategy` against `outcomes` (indexed like `candidates`: status, tokens_per_s_per_gpu,
-    gpu_hours). Statuses: completed, oom, failed."""
+    """Run `strategy` over `candidates`, asking `oracle` for the outcomes of each round.
+
+    The oracle is a table indexed like the candidates (a replay), or a callable that runs the
+    candidate ids it is given and returns their outcomes (a live sweep): columns status
+    (completed, oom, failed), tokens_per_s_per_gpu and gpu_hours, indexed by candidate id.
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
-    missing = sorted({"status", "tokens_per_s_per_gpu", "gpu_hours"} - set(outcomes))
-    if missing:
-        raise ValueError(f"outcomes lack column(s) {missing}")
-    if not candidates.index.equals(outcomes.index):
-        raise ValueError("outcomes must be indexed like the candidates")
+    if isinstance(oracle, pd.DataFrame):
+        missing = sorted(set(OUTCOME_COLUMNS) - set(oracle))
+        if missing:
+            raise ValueError(f"outcomes lack column(s) {missing}")
+        if not candidates.index.equals(oracle.index):
+            raise ValueError("outcomes must be indexed like the candidates")
+        oracle = table_oracle(oracle)
     memory = pd.concat([memory_components(g, workloads[str(m)])
                         for m, g in candidates.groupby("model", sort=False)]).loc[candidates.index]
-    state = _State(candidates, outcomes, OomRules(candidates, memory), params)
+    state = _State(candidates, oracle, OomRules(candidates, memory), params)
     if strategy == "exhaustive":
         state.launch(candidates.index, 1)
         return state.result(strategy, 1)
@@ -192,18 +208,25 @@ def search(candidates: pd.DataFrame, outcomes: pd.DataFrame, strategy: str,
 
 
 class _State:
-    def __init__(self, candidates: pd.DataFrame, outcomes: pd.DataFrame, rules: OomRules,
+    def __init__(self, candidates: pd.DataFrame, oracle: Oracle, rules: OomRules,
                  params: Params) -> None:
-        self.candidates, self.outcomes, self.rules, self.params = candidates, outcomes, rules, params
+        self.candidates, self.oracle, self.rules, self.params = candidates, oracle, rules, params
         self.cells = _cell_keys(candidates)
         self.untried = pd.Index(candidates.index)
         self.launched: list[dict] = []
+        self.known = pd.DataFrame(columns=list(OUTCOME_COLUMNS))
         self.skipped: dict[int, str] = {}
 
     def launch(self, ids: pd.Index, round_no: int) -> pd.DataFrame:
         ids = pd.Index(ids)
         self.untried = self.untried.difference(ids)
-        got = self.outcomes.loc[ids]
+        got = self.oracle(ids)
+        missing = sorted(set(OUTCOME_COLUMNS) - set(got))
+        if missing or not got.index.sort_values().equals(ids.sort_values()):
+            raise ValueError(f"the oracle must return {list(OUTCOME_COLUMNS)} for exactly the "
+                             f"candidates it was given (missing columns: {missing})")
+        got = got.loc[ids, list(OUTCOME_COLUMNS)]
+        self.known = got if self.known.empty else pd.concat([self.known, got])
         ooms = got.index[(got.status == "oom")
                          | ((got.status == "failed") & self.params.failed_is_oom)]
         for c in ids:
@@ -220,8 +243,7 @@ class _State:
             self.skipped.setdefault(int(c), remaining_reason or "not reached")
         launched = pd.DataFrame(self.launched, columns=["candidate", "round"])
         launched = launched.join(self.candidates[list(CELL)], on="candidate")
-        launched = launched.join(self.outcomes[["status", "tokens_per_s_per_gpu", "gpu_hours"]],
-                                 on="candidate")
+        launched = launched.join(self.known, on="candidate")
         skipped = pd.DataFrame(sorted(self.skipped.items()), columns=["candidate", "reason"])
         skipped = skipped.join(self.candidates[list(CELL)], on="candidate")
         return Search(strategy, launched, skipped, coeffs, rounds)
@@ -247,8 +269,7 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     round_no = 0
     while round_no < p.max_rounds:
         done = pd.Index([r["candidate"] for r in state.launched])
-        ok = state.outcomes.loc[done]
-        ok = ok[ok.status == "completed"]
+        ok = state.known[state.known.status == "completed"]
         if len(ok) >= p.min_fit_runs and round_no > 0:
             model.refit(ok.index, ok.tokens_per_s_per_gpu.to_numpy(float))
         open_untried = state.untried[~state.cells[state.untried].isin(closed).to_numpy()]
@@ -433,5 +454,5 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
                   len(rows), float(rows.gpu_hours.sum()))
 
 
-__all__ = ["Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+__all__ = ["Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
            "score", "search"]

@@ -107,3 +107,21 @@ def test_calibrated_on_one_playbook_model_predicts_the_other_on_small_jobs(
     errors = np.abs(relative_errors(small, work, coeffs))
     assert len(small) > 90
     assert np.median(errors) < 0.27
+
+
+def test_every_row_of_a_real_plan_gets_a_prediction() -> None:
+    from sweep.calibrate import predict_plan
+    from sweep.space import plan
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("name: tiny\nframework: nanotron\ngpu: h100-sxm\nmodels: [playbook-1b, "
+                      "playbook-8b]\nnodes: [1, 2]\nseq_len: 4096\nglobal_batch: {sequences: 64}\n"
+                      "axes: {mbs: [1, 2, 4], zero_stage: [0, 1]}\n")
+    frame = plan(spec)
+    out = predict_plan(frame, spec)
+    assert out.index.equals(frame.index)
+    assert (out.pred_tokens_per_s_per_gpu > 0).all() and (out.pred_mfu < 1).all()
+    one = frame[(frame.model == "playbook-8b") & (frame.nodes == 1)].iloc[[0]]
+    direct = predict(one, Workload(get_model("playbook-8b"), 4096, H100))
+    assert out.loc[one.index, "pred_step_time_s"].iloc[0] == pytest.approx(
+        direct.pred_step_time_s.iloc[0])

@@ -169,3 +169,28 @@ def test_adaptive_meets_the_issue_target_on_the_published_playbook_sweep(refdata
     assert headline["cells_within_2pct"] == 14, table[~table.within]
     assert headline["runs_launched_frac"] <= 0.40
     assert headline["gpu_hours_frac"] < headline["runs_launched_frac"]
+
+
+def test_a_live_oracle_is_asked_in_rounds_never_twice_for_one_candidate() -> None:
+    """A callable oracle stands for a live sweep: it runs each batch it is given."""
+    candidates = grid(nodes=(1, 2))
+    table = oracle(candidates, capacity_for(candidates, 0.3), noise=0.03)
+    batches: list[list[int]] = []
+
+    def run_batch(ids: pd.Index) -> pd.DataFrame:
+        batches.append(list(ids))
+        return table.loc[ids]
+
+    result = search(candidates, run_batch, "adaptive", WORKLOADS,
+                    params=Params(k=3, min_cell_runs=6))
+    asked = [c for batch in batches for c in batch]
+    assert len(asked) == len(set(asked)) == len(result.launched)
+    assert all(len(batch) <= 3 * 2 for batch in batches)  # k per open cell, two cells
+    assert len(batches) == result.rounds > 1
+
+
+def test_an_oracle_that_answers_for_other_candidates_is_refused() -> None:
+    candidates = grid(nodes=(1,))
+    table = oracle(candidates, capacity_for(candidates, 0.3))
+    with pytest.raises(ValueError, match="exactly the candidates it was given"):
+        search(candidates, lambda ids: table.iloc[:2], "exhaustive", WORKLOADS)
