@@ -207,7 +207,7 @@ def judge(runs: Runs, spec: Spec) -> pd.DataFrame:
         columns = {k: group[k].to_numpy(np.int64) for k in
                    ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
         columns.update(cp=np.ones(n, np.int64), ep=np.ones(n, np.int64),
-                       sp=group["sp"].to_numpy(bool),
+                       sp=group["sp"].to_numpy(bool) & (columns["tp"] > 1),  # as the plan
                        recompute=np.full(n, spec.axes.recompute[0]),
                        pp_schedule=np.full(n, schedule),
                        vpp=np.where((schedule == "interleaved_1f1b") & (columns["pp"] > 1),

@@ -11,7 +11,8 @@ status is `kept` or `pruned:<first rule it fails>`. Everything is vectorised wit
 one boolean expression over whole columns, so a million candidates take about a second.
 
 Two choices keep the plan free of duplicate runs: at tp = 1 sequence parallelism changes
-nothing, so such a layout appears once (sp = True when the axis allows it); at pp = 1 the
+nothing, so such a layout appears once, recorded as sp = False (frameworks reject or ignore SP
+without TP; nanotron's REDUCE_SCATTER and ALL_REDUCE modes are the same run at tp = 1); at pp = 1 the
 pipeline schedule changes nothing, so it appears once (the first schedule listed, vpp = 1).
 The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
 
@@ -48,16 +49,20 @@ class PruneRule:
 PRUNE_RULES: Final = (
     PruneRule("tp_heads", "tp must divide the attention heads and the KV heads (no framework "
                           "here replicates KV heads across TP ranks)"),
+    PruneRule("tp_width", "the built-in workload shards the FFN and the vocabulary over tp "
+                          "without padding, so tp must divide both"),
     PruneRule("ep_experts", "ep > 1 needs a mixture-of-experts model whose expert count ep "
-                            "divides"),
+                            "divides, and a framework with expert parallelism (not builtin)"),
     PruneRule("cp_seq", "context parallelism splits the sequence into 2·cp load-balanced "
-                        "chunks, so 2·cp must divide seq_len"),
+                        "chunks, so 2·cp must divide seq_len; with sequence parallelism each "
+                        "chunk is split over tp too, so cp·tp must divide it"),
     PruneRule("pp_layers", "every pipeline stage must get at least one block, counted as the "
                            "framework places them (see `pipeline_fits`)"),
     PruneRule("batch", "the global batch must split into dp·ep replicas × mbs × an integer "
                        "grad_acc"),
     PruneRule("pp_grad_acc", "1F1B needs grad_acc >= pp − 1 micro-batches (nanotron asserts "
-                             "it); interleaved 1F1B needs grad_acc to be a multiple of pp"),
+                             "it; torch.distributed.pipelining, under the built-in workload, "
+                             ">= pp); interleaved 1F1B needs grad_acc to be a multiple of pp"),
     PruneRule("tp_across_nodes", "a TP group must fit inside one node unless the spec sets "
                                  "constraints.allow_tp_across_nodes"),
     PruneRule("max_tp", "tp above constraints.max_tp (default: GPUs per node)"),
@@ -125,7 +130,8 @@ def pipeline_fits(model: ModelShape, stages: int, framework: str) -> bool:
     - Megatron-LM needs the layers to split evenly over the stages, optionally counting the
       embedding and the loss as one layer each (--account-for-embedding/loss-in-pipeline-split).
     - torchtitan weighs the embedding and the output as one layer each: stages <= L + 2.
-    - builtin (torch.distributed.pipelining, split by decoder layers): stages <= L.
+    - builtin (torch.distributed.pipelining, split by decoder layers): stages <= L, and an
+      untied model (a tied embedding cannot live on two stages).
     """
     layers = model.num_layers
     if stages <= 1:
@@ -136,7 +142,7 @@ def pipeline_fits(model: ModelShape, stages: int, framework: str) -> bool:
         return stages <= layers and any((layers + extra) % stages == 0 for extra in (0, 1, 2))
     if framework == "torchtitan":
         return stages <= layers + 2
-    return stages <= layers
+    return stages <= layers and not model.tie_word_embeddings
 
 
 # Rules ------------------------------------------------------------------------------------------
@@ -156,13 +162,16 @@ def rule_failures(columns: Mapping[str, np.ndarray], ctx: RuleContext,
     interleaved = schedule == "interleaved_1f1b"
     one_f_one_b = schedule == "1f1b"
     replicas_mbs = dp * ep * mbs
+    builtin = ctx.framework == "builtin"
     failures = {
         "tp_heads": (m.num_attention_heads % tp != 0) | (m.num_kv_heads % tp != 0),
-        "ep_experts": (ep > 1) & ((m.num_experts == 0) | (m.num_experts % ep != 0)),
-        "cp_seq": (cp > 1) & (ctx.seq_len % (2 * cp) != 0),
+        "tp_width": (builtin & ((m.ffn_hidden_size % tp != 0) | (m.vocab_size % tp != 0))),
+        "ep_experts": (ep > 1) & (builtin | (m.num_experts == 0) | (m.num_experts % ep != 0)),
+        "cp_seq": ((cp > 1) & (ctx.seq_len % (2 * cp) != 0))
+        | (columns["sp"] & (ctx.seq_len % (cp * tp) != 0)),
         "pp_layers": ~stage_ok,
         "batch": ctx.global_batch_sequences % replicas_mbs != 0,
-        "pp_grad_acc": (pp > 1) & ((one_f_one_b & (grad_acc < pp - 1))
+        "pp_grad_acc": (pp > 1) & ((one_f_one_b & (grad_acc < pp - (0 if builtin else 1)))
                                    | (interleaved & (grad_acc % pp != 0))),
         "tp_across_nodes": np.zeros(tp.shape, bool) if ctx.allow_tp_across_nodes
         else (tp > ctx.gpus_per_node) | (ctx.gpus_per_node % tp != 0),
@@ -278,10 +287,10 @@ def enumerate_candidates(spec: Spec, nodes: int) -> dict[str, np.ndarray]:
     columns["sp"] = sp_values[sp]
     columns["pp_schedule"] = schedules[sched]
     # One candidate where an axis changes nothing: tp = 1 ignores sp, pp = 1 ignores schedules.
-    sp_at_tp1 = bool(sp_values.max())
-    unique = ~(((columns["tp"] == 1) & (columns["sp"] != sp_at_tp1))
+    unique = ~(((columns["tp"] == 1) & (sp != 0))
                | ((columns["pp"] == 1) & (sched != 0)))
     columns = {k: v[unique] for k, v in columns.items()}
+    columns["sp"] &= columns["tp"] > 1
     mbs, zero, rec = mbs[unique], zero[unique], rec[unique]
     n = len(mbs)
     replicas = columns["dp"] * columns["ep"] * mbs

@@ -13,6 +13,7 @@ import pytest
 from sweep import space
 from sweep.catalog import get_model
 from sweep.layout import Layout
+from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import parse_spec
 
@@ -52,8 +53,9 @@ def candidate(**values: object) -> dict[str, np.ndarray]:
     return out
 
 
-def context(model: str = "playbook-1b", **changes: object) -> space.RuleContext:
-    fields: dict[str, object] = dict(model=get_model(model), framework="nanotron",
+def context(model: str | ModelShape = "playbook-1b", **changes: object) -> space.RuleContext:
+    shape = get_model(model) if isinstance(model, str) else model
+    fields: dict[str, object] = dict(model=shape, framework="nanotron",
                                      gpus_per_node=8, seq_len=4096, global_batch_sequences=256,
                                      max_tp=8, memory_budget_bytes=None)
     fields.update(changes)
@@ -90,7 +92,7 @@ def test_candidates_meet_the_global_batch_and_are_unique() -> None:
 
 def test_axes_that_change_nothing_do_not_duplicate_runs() -> None:
     frame = pd.DataFrame(space.enumerate_candidates(spec_from(), 1))
-    assert set(frame.loc[frame.tp == 1, "sp"]) == {True}
+    assert set(frame.loc[frame.tp == 1, "sp"]) == {False}  # SP needs TP: one run, sp off
     assert set(frame.loc[frame.tp > 1, "sp"]) == {True, False}
     assert set(frame.loc[frame.pp == 1, "pp_schedule"]) == {"1f1b"}
     interleaved = frame.pp_schedule == "interleaved_1f1b"
@@ -108,6 +110,16 @@ def test_auto_micro_batches_are_powers_of_two_up_to_max_mbs() -> None:
 def test_tp_must_divide_heads_and_kv_heads() -> None:
     ctx = context("tiny-gqa-4l", framework="builtin")  # 4 heads, 2 KV heads
     assert first_rule(candidate(tp=[1, 2, 4]), ctx) == ["kept", "kept", "tp_heads"]
+
+
+def test_builtin_workload_needs_tp_to_divide_ffn_and_vocabulary() -> None:
+    odd = ModelShape(name="odd", num_layers=4, hidden_size=256, num_attention_heads=4,
+                     num_kv_heads=4, ffn_hidden_size=770, vocab_size=1000,
+                     tie_word_embeddings=False)  # 770 = 2 · 385: tp 2 divides it, 4 does not
+    assert first_rule(candidate(tp=[2, 4]), context(odd, framework="builtin")) == \
+        ["kept", "tp_width"]
+    assert first_rule(candidate(tp=[2, 4]), context(odd, framework="megatron")) == \
+        ["kept", "kept"]  # Megatron pads the vocabulary and shards the FFN as it comes
 
 
 def test_nanotron_counts_embedding_norm_and_head_as_pipeline_blocks() -> None:
@@ -133,6 +145,9 @@ def test_one_f_one_b_needs_pp_minus_one_micro_batches() -> None:
     ctx = context("playbook-8b")
     columns = candidate(pp=[4, 4, 4], grad_acc=[2, 3, 4])
     assert first_rule(columns, ctx) == ["pp_grad_acc", "kept", "kept"]
+    # torch.distributed.pipelining (the built-in workload) wants at least pp micro-batches
+    builtin = context("llama-3.1-8b", framework="builtin")
+    assert first_rule(columns, builtin) == ["pp_grad_acc", "pp_grad_acc", "kept"]
     interleaved = candidate(pp=[4, 4], grad_acc=[6, 8], vpp=2, pp_schedule="interleaved_1f1b")
     assert first_rule(interleaved, context("playbook-8b", framework="builtin")) == \
         ["pp_grad_acc", "kept"]
@@ -140,14 +155,19 @@ def test_one_f_one_b_needs_pp_minus_one_micro_batches() -> None:
 
 def test_context_parallel_needs_two_chunks_per_rank() -> None:
     ctx = context(seq_len=4096 + 8)  # 4104 = 8 · 513
-    assert first_rule(candidate(cp=[2, 4, 8]), ctx) == ["kept", "kept", "cp_seq"]
+    assert first_rule(candidate(cp=[2, 4, 8], sp=False), ctx) == ["kept", "kept", "cp_seq"]
+    # sequence parallelism splits each CP chunk over tp as well: 4104 / (2·16) is not whole
+    sp = candidate(cp=2, tp=[4, 16], sp=True)
+    assert first_rule(sp, ctx) == ["kept", "cp_seq"]
 
 
 def test_expert_parallel_needs_experts_it_divides() -> None:
-    dense = context("playbook-8b", framework="builtin")
-    moe = context("mixtral-8x7b", framework="builtin")
+    dense = context("playbook-8b", framework="megatron")
+    moe = context("mixtral-8x7b", framework="megatron")
     assert first_rule(candidate(ep=[1, 2]), dense) == ["kept", "ep_experts"]
     assert first_rule(candidate(ep=[2, 8, 16]), moe) == ["kept", "kept", "ep_experts"]
+    builtin = context("mixtral-8x7b", framework="builtin")  # no expert parallelism there
+    assert first_rule(candidate(ep=[1, 2]), builtin) == ["kept", "ep_experts"]
 
 
 def test_tp_across_nodes_only_when_allowed() -> None:
