@@ -52,6 +52,7 @@ def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int |
         summary_written=any(o.get("summary_written") for o in observed.values()),
         oom_kill_count=sum(kills) if kills else None,
         launch_error="; ".join(errors) or None,
+        time_limit_hit=any(o.get("time_limit_hit") for o in observed.values()),
     )
     return classify(evidence)
 

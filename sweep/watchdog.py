@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +33,7 @@ from sweep.verdict import (decide, log_text, merge_nodes, node_file, wait_for_no
 
 EVENTS_FILE = "watchdog.jsonl"
 PROGRESS_EVENT_EVERY_S = 60.0
+TIME_LIMIT_SLACK_S = 5.0  # a TERM this close to the job's end time is Slurm's time limit
 _SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM", signal.SIGINT: "INT"}
 
 
@@ -160,6 +162,23 @@ def _cgroup_oom_kills() -> int | None:
     return None
 
 
+def _job_end_time(job_id: str | None, environ: dict[str, str]) -> float | None:
+    """When Slurm will end this job (unix seconds), so that a TERM at that time reads as the
+    time limit, not a cancel. None outside Slurm or when squeue cannot say."""
+    text = environ.get("SLURM_JOB_END_TIME", "")
+    if text.isdigit():
+        return float(text)
+    squeue = shutil.which("squeue")
+    if not job_id or squeue is None:
+        return None
+    try:
+        out = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%e"], capture_output=True,
+                             text=True, timeout=10, check=False).stdout.strip()
+        return time.mktime(time.strptime(out.splitlines()[0], "%Y-%m-%dT%H:%M:%S"))
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
 def _exit_code(wait_status: int) -> int:
     """Popen's convention: the exit code, or minus the signal number."""
     return os.waitstatus_to_exitcode(wait_status)
@@ -208,11 +227,12 @@ class Watchdog:
                                              min_age_s=cfg.debris_min_age_s)
             self.event("prelaunch_clean", **report.to_json())
         oom_before = _cgroup_oom_kills()
+        job_end = _job_end_time(cfg.slurm_job_id, dict(os.environ))
         started_at = time.time()
         launch_error = self._launch(me)
         self.event("launch", command=list(cfg.command), tag=cfg.tag, owner=me,
                    pid=self.launcher.pid if self.launcher else None, error=launch_error,
-                   subreaper=subreaper, startup_timeout_s=cfg.startup_timeout_s,
+                   subreaper=subreaper, job_end=job_end, startup_timeout_s=cfg.startup_timeout_s,
                    hang_timeout_s=cfg.hang_timeout_s)
         hang = None if launch_error else self._watch()
         stop_at = time.time()
@@ -230,6 +250,8 @@ class Watchdog:
             "signals": [name for name, _ in self.signals],
             "signal_times": [at for _, at in self.signals], "hang": hang,
             "peer_failed": self.peer_failed,
+            "time_limit_hit": job_end is not None and any(
+                name == "TERM" and at >= job_end - TIME_LIMIT_SLACK_S for name, at in self.signals),
             "last_step": self.progress.last_step, "steps_seen": self.progress.steps_seen,
             "summary_written": self.progress.summary is not None,
             "cgroup_oom_kills": (oom_after - oom_before
