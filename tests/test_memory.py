@@ -260,6 +260,31 @@ def test_logits_are_fp32_over_vocab_shard_and_only_where_the_head_is():
     assert first.stage == "first" and first.components["logits"] == 0
 
 
+def test_fragmentation_grows_with_pipelined_micro_batches_and_with_the_logits():
+    def frag_share(layout, model=SMALL_VOCAB):
+        c = estimate(model, layout, seq_len=4096, profile="nanotron").components
+        return (c["fragmentation"] - PROFILES["nanotron"].reserved_floor_bytes) / (c["activations"] + c["logits"])
+    alone = frag_share(Layout(dp=1, tp=1, pp=4, grad_acc=1))  # one micro-batch: blocks are reused
+    piped = frag_share(Layout(dp=1, tp=1, pp=4, grad_acc=64))  # four in flight: freed out of order
+    assert alone == pytest.approx(PROFILES["nanotron"].fragmentation_sequential, rel=1e-6)
+    assert piped > 2 * alone
+    with_logits = estimate(EIGHT_B, Layout(dp=1, tp=1, pp=1, mbs=2), seq_len=4096, profile="nanotron")
+    c = with_logits.components
+    assert c["fragmentation"] > PROFILES["nanotron"].fragmentation_sequential * c["activations"] + \
+        PROFILES["nanotron"].reserved_floor_bytes
+
+
+def test_stage_choice_first_last_and_most_loaded():
+    layout = Layout(dp=1, tp=1, pp=2, mbs=8, grad_acc=1)  # one micro-batch: the LM head's stage is heavier
+    first, last, loaded = (estimate(ONE_B, layout, seq_len=4096, profile="nanotron", stage=s)
+                           for s in ("first", "last", "most_loaded"))
+    assert (first.stage, last.stage, loaded.stage) == ("first", "last", "last")
+    assert first.components["logits"] == 0 < last.components["logits"]
+    assert loaded.total_bytes == max(first.total_bytes, last.total_bytes)
+    with pytest.raises(ValueError, match="unknown stage 'middle'"):
+        estimate(ONE_B, layout, seq_len=4096, stage="middle")
+
+
 # ------------------------------------------------------------------ pipeline split
 
 def test_nanotron_balances_stages_by_cost_with_the_lm_head_as_a_block():
@@ -444,6 +469,18 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int) -> GeluSha
     return GeluShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
                      tie_word_embeddings=True)
+
+
+def test_a_gelu_mlp_has_two_matrices_and_saves_two_ffn_wide_tensors():
+    gelu = _gpt("gpt-1b", 24, 2048, 16, 50304)
+    swiglu = ModelShape(**{f: getattr(gelu, f) for f in ModelShape.__dataclass_fields__})
+    layout = Layout(dp=1, tp=1, pp=1, mbs=1)
+    g, s_ = (estimate(m, layout, seq_len=2048, profile="megatron").components for m in (gelu, swiglu))
+    h, f, layers = 2048, 4 * 2048, 24
+    assert s_["weights"] - g["weights"] == 2 * layers * h * f  # one bf16 matrix less per layer
+    assert s_["activations"] - g["activations"] == 2 * 2 * f * 2048 * layers  # two bf16 FFN tensors less
+    with pytest.raises(ValueError, match="mlp must be 'swiglu' or 'gelu'"):
+        estimate(replace(gelu, mlp="relu2"), layout, seq_len=2048)
 
 
 def _fits(model, layout, seq, gpu, profile, dtype="bf16") -> tuple[bool, float]:
