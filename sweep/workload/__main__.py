@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 import sys
 import traceback
 from pathlib import Path
@@ -33,6 +34,7 @@ def _rank() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    entered = time.time()
     args = _parse(argv)
     attempt_dir = args.attempt_dir or Path(os.environ.get("SWEEP_ATTEMPT_DIR") or args.run_dir)
     from sweep import runconfig
@@ -54,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         device = device_for(cfg)
+        imported = time.time()
         init_distributed(device, timeout_s=float(cfg.settings.get("hang_timeout_s", 300)))
+        group_s = time.time() - imported
         result = train(cfg, attempt_dir, memtrack=args.memtrack)
     except WorkloadError as error:
         print(f"sweep.workload: rank {_rank()}: {error}", file=sys.stderr)
@@ -63,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         started = psutil.Process().create_time()
         share = 100.0 * result.metrics_write_s / result.loop_s if result.loop_s else 0.0
         print(f"sweep.workload: done run_id={cfg.run_id} steps={len(result.losses)} "
-              f"startup_s={result.loop_started_at - started:.3f} loop_s={result.loop_s:.3f} "
+              f"startup_s={result.loop_started_at - started:.3f} "
+              f"loop_started_at={result.loop_started_at:.6f} "
+              f"python_start_s={entered - started:.3f} import_s={imported - entered:.3f} "
+              f"process_group_s={group_s:.3f} build_s={result.build_s:.3f} peak_s={result.peak_s:.3f} "
+              f"loop_s={result.loop_s:.3f} "
               f"metrics_write_s={result.metrics_write_s:.6f} metrics_share_pct={share:.4f} "
               f"final_loss={result.losses[-1] if result.losses else float('nan'):.6f} "
               f"attempt_dir={attempt_dir}", flush=True)

@@ -20,7 +20,9 @@ import psutil
 import torch
 
 MIB = 1024 * 1024
-OOM_MARKERS = ("can't allocate memory", "Cannot allocate memory", "CUDA out of memory", "std::bad_alloc")
+# The last one: a lazy import of a shared library under the RLIMIT_AS cap.
+OOM_MARKERS = ("can't allocate memory", "Cannot allocate memory", "CUDA out of memory", "std::bad_alloc",
+               "failed to map segment from shared object")
 
 
 @dataclass(frozen=True)

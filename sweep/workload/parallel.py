@@ -8,6 +8,9 @@ the weights they are data-parallel replicas.
 ZeRO stages: 0 = DDP (a plain gradient all-reduce when tp > 1, because DDP cannot hold DTensor
 parameters), 1 = ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 `fully_shard` with
 `reshard_after_forward` False/True.
+
+FSDP, DTensor, ZeroRedundancyOptimizer and checkpointing are imported where they are used: each
+costs seconds of start-up, and a plain DDP run needs none of them.
 """
 
 from __future__ import annotations
@@ -20,20 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from sweep.layout import Layout
 from sweep.workload.model import ContextParallel, Transformer
@@ -67,6 +58,15 @@ def build_mesh(layout: Layout, device_type: str) -> Mesh:
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Megatron-style TP with DTensor: column-parallel in, row-parallel out; SP shards norms by sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
     seq = Shard(1) if sequence_parallel else Replicate()
     root: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -112,6 +112,8 @@ def _saved_ops() -> list[Any]:
 
 
 def _selective_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
     return create_selective_checkpoint_contexts(_saved_ops())
 
 
@@ -122,6 +124,8 @@ def apply_recompute(model: Transformer, mode: str) -> None:
         return
     if mode not in ("selective", "full"):
         raise ValueError(f"layout.recompute: unknown mode {mode!r}; use none, selective or full")
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
     for name, block in list(model.layers.items()):
         if mode == "full":
             model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False)
@@ -139,7 +143,10 @@ class DataParallel:
         self.group = dp_cp.get_group()
         self.replicas = dp_cp.size()
         self.manual_allreduce = False
-        if zero_stage in (2, 3):
+        self.fsdp = zero_stage in (2, 3)
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
             for block in module.layers.values():  # type: ignore[union-attr]
                 fully_shard(block, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
             fully_shard(module, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
@@ -157,8 +164,8 @@ class DataParallel:
     @contextmanager
     def accumulate(self, sync: bool) -> Iterator[None]:
         """Skip the gradient reduction on all but the last micro-batch."""
-        if isinstance(self.module, FSDPModule):
-            self.module.set_requires_gradient_sync(sync)
+        if self.fsdp:
+            self.module.set_requires_gradient_sync(sync)  # type: ignore[operator]
             yield
         elif isinstance(self.module, DistributedDataParallel) and not sync:
             with self.module.no_sync():
@@ -171,6 +178,8 @@ class DataParallel:
         """The plain all-reduce of the tp > 1, ZeRO-0 case (DDP does this inside backward)."""
         if not self.manual_allreduce:
             return
+        from torch.distributed.tensor import DTensor
+
         for param in self.module.parameters():
             if param.grad is None:
                 continue
@@ -182,6 +191,8 @@ class DataParallel:
 def build_optimizer(modules: list[nn.Module], zero_stage: int, dp_cp: DeviceMesh) -> torch.optim.Optimizer:
     params = [p for m in modules for p in m.parameters() if p.requires_grad]
     if zero_stage == 1 and dp_cp.size() > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
                                        process_group=dp_cp.get_group(), lr=LR,
                                        weight_decay=WEIGHT_DECAY)

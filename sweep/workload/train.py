@@ -32,7 +32,6 @@ from sweep.workload.parallel import (
     build_optimizer,
 )
 from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak
-from sweep.workload.pipeline import build_schedule, pipeline_problems, split_stage, stage_indices
 
 MEMTRACK_FILE = "memtrack.json"
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,6 +50,8 @@ class TrainResult:
     metrics_write_s: float = 0.0
     loop_started_at: float = 0.0  # unix time the first step began (start-up ends here)
     loop_s: float = 0.0  # wall time of the timed steps
+    build_s: float = 0.0  # mesh, model, wrappers, optimizer
+    peak_s: float = 0.0  # dense-peak measurement (CPU)
 
 
 def device_for(cfg: RunConfig) -> torch.device:
@@ -103,7 +104,10 @@ def config_problems(cfg: RunConfig, world_size: int) -> list[str]:
         problems.append(f"layout.zero_stage: {layout.zero_stage}; use 0, 1, 2 or 3")
     if layout.pp == 1 and layout.vpp != 1:
         problems.append("layout.vpp: virtual stages need pp > 1; set vpp 1")
-    problems += pipeline_problems(layout, shape.num_layers, shape.tie_word_embeddings)
+    if layout.pp > 1:  # torch.distributed.pipelining costs seconds to import: only when used
+        from sweep.workload.pipeline import pipeline_problems
+
+        problems += pipeline_problems(layout, shape.num_layers, shape.tie_word_embeddings)
     return problems
 
 
@@ -119,15 +123,19 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
         full = Transformer(cfg.model)
         init_weights(full, self.seed)
-        pp_rank = self.mesh.rank("pp")
-        self.stages = stage_indices(self.layout, pp_rank) if self.layout.pp > 1 else [0]
-        chunks = ([split_stage(full, s, self.layout.pp * self.layout.vpp) for s in self.stages]
-                  if self.layout.pp > 1 else [full])
+        self.stages, chunks = [0], [full]
+        if self.layout.pp > 1:
+            from sweep.workload.pipeline import split_stage, stage_indices
+
+            self.stages = stage_indices(self.layout, self.mesh.rank("pp"))
+            chunks = [split_stage(full, s, self.layout.pp * self.layout.vpp) for s in self.stages]
         self.wrappers = [self._wrap(chunk) for chunk in chunks]
         self.modules = [w.module for w in self.wrappers]
         self.optimizer = build_optimizer(self.modules, self.layout.zero_stage, self.mesh.dp_cp)
         self.schedule = None
         if self.layout.pp > 1:
+            from sweep.workload.pipeline import build_schedule
+
             self.schedule = build_schedule(self.modules, self.stages, self.layout, self.mesh.mesh["pp"],
                                            device, cross_entropy)
         num_stages = self.layout.pp * self.layout.vpp
@@ -217,15 +225,20 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     probe = MemoryProbe(device)
-    probe.cap(cfg.settings.get("rank_memory_limit_mb"))
+    result = TrainResult()
+    began = time.perf_counter()
     trainer = Trainer(cfg, device)
+    result.build_s = time.perf_counter() - began
     peak, peak_source = _dense_peak(cfg, device)
+    result.peak_s = time.perf_counter() - began - result.build_s
+    # The cap counts from the probe's baseline (the model is inside it) but is set only now:
+    # building imports shared libraries lazily, and an address-space limit would fail those.
+    probe.cap(cfg.settings.get("rank_memory_limit_mb"))
     facts = metrics.RunFacts(shape=cfg.model, seq_len=cfg.seq_len,
                              tokens_per_step=cfg.global_batch_sequences * cfg.seq_len,
                              world_size=world, peak_flops=peak, peak_flops_source=peak_source,
                              mem_source=probe.source)
     writer = metrics.MetricsWriter(attempt_dir / METRICS_FILE) if rank == 0 else None
-    result = TrainResult()
     steps = int(cfg.settings.get("steps", 10))
     dist.barrier()
     result.loop_started_at, loop_start = time.time(), time.perf_counter()
@@ -253,6 +266,7 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
             facts, result.records, int(cfg.settings.get("warmup_steps", 0)), ended_by="step_budget",
             device=device.type, torch_version=torch.__version__)
         writer.write(summary)
+        writer.close()
         result.records.append(summary)
         result.metrics_write_s = writer.seconds
     if memtrack:

@@ -36,19 +36,20 @@ def write_run_dir(root: Path, cfg: RunConfig) -> Path:
     return run_dir
 
 
-def workload_env() -> dict[str, str]:
+def workload_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("SWEEP_ATTEMPT_DIR", None)
-    return env
+    return env | extra
 
 
-def launch(run_dir: Path, nproc: int, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def launch(run_dir: Path, nproc: int, *extra: str, timeout: float = 180,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m sweep.workload` alone (nproc 0) or under torchrun --standalone."""
     if nproc == 0:
         cmd = [sys.executable, "-m", "sweep.workload", "--run-dir", str(run_dir), *extra]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "sweep.workload", "--run-dir", str(run_dir), *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=workload_env(),
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=workload_env(**(env or {})),
                           cwd=REPO)

@@ -43,10 +43,10 @@ def test_standalone_run_writes_one_line_per_step_then_the_summary(
     assert "done run_id=" in proc.stdout
 
 
-def test_torchrun_two_ranks_writes_to_the_attempt_dir(tmp_path: Path) -> None:
+def test_torchrun_two_ranks_writes_to_the_attempt_dir_from_the_environment(tmp_path: Path) -> None:
     run_dir = write_run_dir(tmp_path, run_config(dp=2, steps=3, warmup_steps=1))
     attempt = run_dir / "attempts" / "1"
-    proc = launch(run_dir, 2, "--attempt-dir", str(attempt))
+    proc = launch(run_dir, 2, env={"SWEEP_ATTEMPT_DIR": str(attempt)})
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = records(attempt / "metrics.jsonl")
     assert [r["kind"] for r in lines] == ["step", "step", "step", "summary"]
@@ -80,6 +80,6 @@ def test_the_rank_memory_limit_ends_the_run_with_a_recognisable_oom(tmp_path: Pa
 
 def test_a_generous_memory_limit_does_not_get_in_the_way(tmp_path: Path) -> None:
     run_dir = write_run_dir(tmp_path, run_config(steps=2, settings={"rank_memory_limit_mb": 2000}))
-    proc = launch(run_dir, 0)
+    proc = launch(run_dir, 0, "--attempt-dir", str(tmp_path / "attempt"))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert records(run_dir / "metrics.jsonl")[-1]["kind"] == "summary"
+    assert records(tmp_path / "attempt" / "metrics.jsonl")[-1]["kind"] == "summary"

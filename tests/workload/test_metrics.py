@@ -63,4 +63,5 @@ def test_the_writer_appends_whole_lines_readable_at_once(tmp_path) -> None:
         writer.write(record)
         lines = (tmp_path / "attempt" / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == count and json.loads(lines[-1])["step"] == count
+    writer.close()
     assert writer.seconds > 0

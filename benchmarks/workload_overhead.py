@@ -1,0 +1,78 @@
+"""Overhead of the built-in workload: a 5-step, 2-rank (DDP) torchrun of the tiny CPU model.
+
+Prints, per repeat: wall time of the whole torchrun (launch to exit), start-up (launch to the
+first step: interpreter and torch import, gloo rendezvous, mesh, model, peak measurement),
+steady step time, and the share of the timed loop spent writing metrics.jsonl. The last line
+holds the median figures as key=value pairs.
+
+Targets (issue 3): wall <= 10 s, of which start-up <= 4 s; metrics writing < 1 % of step time.
+
+Usage: .venv/bin/python benchmarks/workload_overhead.py [--repeats 3] [--seq-len 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sweep.catalog import get_model  # noqa: E402
+from sweep.layout import Layout  # noqa: E402
+from sweep.runconfig import RunConfig  # noqa: E402
+from sweep.state import atomic_write_json, read_jsonl  # noqa: E402
+
+
+def one_run(root: Path, seq_len: int) -> dict[str, float]:
+    layout = Layout(dp=2, tp=1, pp=1, mbs=2)
+    cfg = RunConfig(sweep="bench", framework="builtin", model=get_model("tiny-4l"), layout=layout,
+                    nodes=1, gpus_per_node=2, gpu="cpu", dtype="fp32", seq_len=seq_len,
+                    global_batch_sequences=4, settings={"steps": 5, "warmup_steps": 1, "seed": 1234})
+    run_dir = root / cfg.run_id
+    atomic_write_json(run_dir / "run.json", cfg.to_json())
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("SWEEP_ATTEMPT_DIR", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "sweep.workload", "--run-dir", str(run_dir)]
+    launched = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.time() - launched
+    if proc.returncode != 0:
+        raise SystemExit(f"workload failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    done = dict(re.findall(r"(\w+)=(\S+)", proc.stdout.split("sweep.workload: done", 1)[1]))
+    records = list(read_jsonl(run_dir / "metrics.jsonl"))
+    summary = records[-1]
+    return {"wall_s": wall, "startup_s": float(done["loop_started_at"]) - launched,
+            "steady_step_s": summary["step_time_mean_s"],
+            "metrics_share_pct": float(done["metrics_share_pct"]),
+            "metrics_write_ms_per_line": 1000 * float(done["metrics_write_s"]) / len(records)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=256)
+    args = parser.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="workload-bench-") as tmp:
+        for index in range(args.repeats):
+            figures = one_run(Path(tmp) / str(index), args.seq_len)
+            runs.append(figures)
+            print(json.dumps({"repeat": index + 1, **{k: round(v, 4) for k, v in figures.items()}}))
+    median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    print(f"# {args.repeats} repeats, tiny-4l, dp2 (DDP), seq {args.seq_len}, global batch 4, 5 steps, "
+          f"{os.cpu_count()} cores; targets: wall<=10 s, startup<=4 s, metrics<1 %")
+    print(" ".join(f"{k}={v:.4f}" for k, v in median.items()))
+
+
+if __name__ == "__main__":
+    main()
