@@ -313,3 +313,52 @@ def test_a_space_too_large_to_hold_is_refused_before_it_is_built() -> None:
                      .replace("64}", "65536}\nconstraints: {max_mbs: 1024}"))
     with pytest.raises(space.PlanError, match=r"axes: 1048576 node\(s\) would give"):
         space.enumerate_candidates(spec, 1048576)
+
+
+# Published layouts ----------------------------------------------------------------------------
+
+def gpt_shape(row: pd.Series) -> ModelShape:
+    """Megatron's GPT shapes of the published tables: MHA, 4h FFN, untied (vocab as given)."""
+    return ModelShape(name=str(row.model_size_label), num_layers=int(row.num_layers),
+                      hidden_size=int(row.hidden_size), num_attention_heads=int(row.attention_heads),
+                      num_kv_heads=int(row.attention_heads), ffn_hidden_size=4 * int(row.hidden_size),
+                      vocab_size=int(row.vocab_size), tie_word_embeddings=False)
+
+
+def structural_verdict(model: ModelShape, seq_len: int, gbs: int, **layout: object) -> str:
+    ctx = context(model, framework="megatron", seq_len=seq_len, global_batch_sequences=gbs)
+    code, _ = space.evaluate(candidate(**layout), ctx, skip=frozenset({"memory"}))
+    return space.KEPT if code[0] < 0 else space.RULE_NAMES[code[0]]
+
+
+def test_published_megatron_layouts_pass_every_structural_rule(refdata: Path) -> None:
+    table = pd.read_csv(refdata / "megatron_narayanan2021_table1.csv")
+    for _, row in table.iterrows():
+        per_virtual = [int(f) for f in str(row.extra_flags_in_repro_script).split()
+                       if f.isdigit()]
+        pp, dp, mbs = int(row.pipeline_parallel), int(row.data_parallel_derived), \
+            int(row.micro_batch_size)
+        vpp = row.num_layers // (pp * per_virtual[0]) if per_virtual else 1
+        layout = dict(dp=dp, tp=int(row.tensor_parallel), pp=pp, mbs=mbs, vpp=vpp,
+                      grad_acc=int(row.global_batch_size) // (dp * mbs), recompute="full",
+                      pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
+        assert structural_verdict(gpt_shape(row), int(row.seq_len),
+                                  int(row.global_batch_size), **layout) == "kept", row.model_size_label
+    core = pd.read_csv(refdata / "megatron_core_h100_weak_scaling.csv")
+    for _, row in core.iterrows():
+        dp = int(row.data_parallel)
+        layout = dict(dp=dp, tp=int(row.tensor_parallel), pp=int(row.pipeline_parallel),
+                      grad_acc=int(row.global_batch_size) // dp)
+        assert structural_verdict(gpt_shape(row), int(row.seq_len), int(row.global_batch_size),
+                                  **layout) == "kept", row.model_size_label
+
+
+def test_llama3_405b_layouts_pass_every_structural_rule(refdata: Path) -> None:
+    table = pd.read_csv(refdata / "llama3_table4_405b_parallelism.csv")
+    model = get_model("llama-3.1-405b")  # 126 layers over 16 stages: embedding and loss count
+    for _, row in table.iterrows():
+        dp = int(row.dp_implied_by_gpus)
+        gbs = dp * int(row.batch_size_per_dp)
+        layout = dict(dp=dp, tp=int(row.tp), cp=int(row.cp), pp=int(row.pp),
+                      grad_acc=int(row.batch_size_per_dp))
+        assert structural_verdict(model, int(row.seq_len), gbs, **layout) == "kept", row.stage_row
