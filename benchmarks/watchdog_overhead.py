@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -56,7 +57,7 @@ if hang:
 def make_run(root: Path, framework: str, hang_timeout_s: int) -> tuple[Path, Path]:
     config = RunConfig(sweep="bench", framework=framework, model=TINY, layout=Layout(dp=1, tp=1, pp=1),
                        nodes=1, gpus_per_node=1, gpu="cpu", dtype="fp32", seq_len=32,
-                       global_batch_sequences=1,
+                       global_batch_sequences=random.randrange(1, 1 << 30),  # a tag of its own
                        settings={"startup_timeout_s": 60, "hang_timeout_s": hang_timeout_s})
     run_dir = root / framework / config.run_id
     atomic_write_json(run_dir / "run.json", config.to_json())
@@ -99,6 +100,8 @@ def cpu_share(root: Path, framework: str, duration: float) -> float:
     wait_for(attempt / "metrics.jsonl")
     t0, c0 = time.monotonic(), cpu_seconds(watchdog)
     while sum(1 for _ in read_jsonl(attempt / "metrics.jsonl")) < steps:
+        if proc.poll() is not None:
+            raise SystemExit(f"{framework}: the watchdog exited early ({proc.returncode}); see {attempt}")
         time.sleep(0.25)
     t1, c1 = time.monotonic(), cpu_seconds(watchdog)
     proc.wait(timeout=120)
@@ -115,8 +118,11 @@ def hang_latency(root: Path, hang_timeout_s: int) -> tuple[float, float]:
     proc.wait(timeout=hang_timeout_s + 120)
     last_step = max(r["time"] for r in read_jsonl(attempt / "metrics.jsonl"))
     events = list(read_jsonl(attempt / "watchdog.jsonl"))
-    hang = next(e for e in events if e["event"] == "hang")
-    stopped = next(e for e in events if e["event"] == "stopped")
+    kinds = {e["event"]: e for e in events}
+    if "hang" not in kinds or "stopped" not in kinds:
+        raise SystemExit(f"no hang detected; watchdog events: {[e['event'] for e in events]}, "
+                         f"exit code {proc.returncode}")
+    hang, stopped = kinds["hang"], kinds["stopped"]
     if stopped["survivors"]:
         raise SystemExit(f"processes survived the stop: {stopped['survivors']}")
     latency = hang["time"] - last_step

@@ -1,7 +1,7 @@
 """The watchdog, run as `python -m sweep.watchdog` around real launcher processes.
 
-Every launcher here is a real process tree (bash/python, and torchrun with gloo ranks in the
-`gloo` tests); nothing is mocked. Timeouts are 1-3 s so the whole file stays quick.
+Every launcher is a real process tree (bash, python); nothing is mocked. Timeouts are 1-3 s so
+the file stays quick. torchrun/gloo ranks: test_watchdog_gloo.py; Slurm: test_watchdog_slurm.py.
 """
 
 from __future__ import annotations
@@ -11,92 +11,21 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sweep import proctree
-from sweep.layout import Layout
-from sweep.model import ModelShape
-from sweep.runconfig import RunConfig
-from sweep.state import atomic_write_json, new_attempt_dir, read_json, read_jsonl
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
-                  ffn_hidden_size=128, vocab_size=256, tie_word_embeddings=True)
-
-# A launcher that writes `n` builtin step records to metrics.jsonl, `gap` seconds apart.
-STEPS = """
-import json, os, sys, time
-path = os.path.join(os.environ["SWEEP_ATTEMPT_DIR"], "metrics.jsonl")
-def steps(n, gap=0.05, start=1):
-    for step in range(start, start + n):
-        with open(path, "a") as f:
-            f.write(json.dumps({"kind": "step", "step": step, "time": time.time()}) + "\\n")
-        time.sleep(gap)
-"""
-
-
-class Run:
-    """A rendered run directory with one attempt folder, and helpers to supervise a launcher."""
-
-    def __init__(self, root: Path, *, nodes: int = 1, batch: int = 1, **settings: Any) -> None:
-        config = RunConfig(sweep="t", framework="builtin", model=TINY,
-                           layout=Layout(dp=1, tp=1, pp=1), nodes=nodes, gpus_per_node=1, gpu="cpu",
-                           dtype="fp32", seq_len=32, global_batch_sequences=batch,
-                           settings={"startup_timeout_s": 3, "hang_timeout_s": 2, **settings})
-        self.root = root
-        self.run_dir = root / "runs" / config.run_id
-        atomic_write_json(self.run_dir / "run.json", config.to_json())
-        self.attempt = new_attempt_dir(self.run_dir)
-        self.tag = f"{config.run_id}/1"
-
-    def argv(self, launcher: list[str], *options: str) -> list[str]:
-        return [sys.executable, "-m", "sweep.watchdog", "--run-dir", str(self.run_dir),
-                "--attempt-dir", str(self.attempt), "--poll-s", "0.1", "--grace-s", "1",
-                "--signal-grace-s", "1", "--node-wait-s", "0", "--shm-dir", str(self.root / "shm"),
-                "--tmp-dir", str(self.root / "tmp"), *options, "--", *launcher]
-
-    def start(self, launcher: list[str], *options: str, env: dict[str, str] | None = None,
-              ) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(launcher, *options), cwd=REPO, text=True,
-                                env={**os.environ, **(env or {})},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def supervise(self, launcher: list[str], *options: str, timeout: float = 60,
-                  env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        proc = self.start(launcher, *options, env=env)
-        out, err = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-    def python(self, code: str) -> list[str]:
-        script = self.root / f"launcher_{len(list(self.root.glob('launcher_*')))}.py"
-        script.write_text(STEPS + textwrap.dedent(code))
-        return [sys.executable, str(script)]
-
-    @property
-    def status(self) -> dict[str, Any]:
-        status = read_json(self.attempt / "status.json")
-        assert status is not None, f"no status.json in {self.attempt}"
-        return status
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in read_jsonl(self.attempt / "watchdog.jsonl") if kind in (None, e["event"])]
-
-    def survivors(self) -> list[proctree.ProcInfo]:
-        return [p for p in proctree.snapshot() if p.tag == self.tag and not p.zombie]
+from sweep.state import read_json
+from tests.watchdog_runs import REPO, Run, kill_leftovers, wait_for_step
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[Run]:
     made = Run(tmp_path)
     yield made
-    for p in made.survivors():  # only if a test failed: never leave our processes behind
-        os.kill(p.pid, signal.SIGKILL)
+    kill_leftovers(made)
 
 
 def test_a_run_that_finishes_is_completed_with_its_last_step(run: Run) -> None:
@@ -213,20 +142,13 @@ def test_a_cuda_oom_text_is_oom_with_that_line(run: Run) -> None:
     assert line in run.status["evidence"]
 
 
-def _wait_for_step(run: Run, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not (run.attempt / "metrics.jsonl").exists():
-        assert time.monotonic() < deadline, "the launcher never wrote a step"
-        time.sleep(0.05)
-
-
 @pytest.mark.parametrize(("signum", "outcome", "exit_code"),
                          [(signal.SIGUSR1, "timeout", 128 + signal.SIGTERM),
                           (signal.SIGTERM, "cancelled", 128 + signal.SIGTERM)])
 def test_slurm_signals_stop_the_tree_and_say_why(run: Run, signum: int, outcome: str,
                                                  exit_code: int) -> None:
     proc = run.start(run.python("steps(10000, gap=0.1)"))
-    _wait_for_step(run)
+    wait_for_step(run)
     proc.send_signal(signum)
     proc.communicate(timeout=30)
     status = run.status
@@ -237,8 +159,7 @@ def test_slurm_signals_stop_the_tree_and_say_why(run: Run, signum: int, outcome:
 
 
 def test_stale_processes_of_a_dead_watchdog_are_cleaned_but_a_live_runs_are_not(tmp_path: Path) -> None:
-    stale, live, fresh = (Run(tmp_path / name, batch=batch, startup_timeout_s=120)
-                          for batch, name in enumerate(("stale", "live", "fresh"), start=2))
+    stale, live, fresh = (Run(tmp_path / name, startup_timeout_s=120) for name in ("stale", "live", "fresh"))
     sleeper = ["bash", "-c", "setsid sleep 300 & sleep 300"]
     dead = stale.start(sleeper)
     alive = live.start(sleeper)
@@ -316,190 +237,3 @@ def test_a_launcher_that_cannot_start_is_crashed(run: Run) -> None:
     assert done.returncode == 127
     assert (run.status["outcome"], run.status["reason"]) == ("crashed", "launcher_failed_to_start")
     assert "no-such-launcher" in json.dumps(run.status["evidence"])
-
-
-# --- real torch.distributed ranks (gloo on CPU) under torchrun -------------------------------
-
-RANK = """
-import json, os, resource, sys, time
-import torch
-import torch.distributed as dist
-
-mode = sys.argv[1]
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-attempt = os.environ["SWEEP_ATTEMPT_DIR"]
-with open(os.path.join(attempt, f"rank{rank}.pid"), "w") as f:
-    f.write(str(os.getpid()))
-x = torch.ones(4)
-for step in range(1, 100000):
-    if step == 3 and rank == 1:
-        if mode == "hang":    # stops calling collectives; rank 0 waits in all_reduce
-            time.sleep(3600)
-        if mode == "oom":     # a per-rank address-space limit, as rank_memory_limit_mb sets
-            with open("/proc/self/status") as status:
-                vm = next(int(l.split()[1]) for l in status if l.startswith("VmSize:")) * 1024
-            resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), vm + (256 << 20)))
-            torch.empty(4 << 30, dtype=torch.uint8)
-        if mode == "raise":
-            raise RuntimeError("rank 1 lost its shard at step 3")
-    dist.all_reduce(x)
-    if rank == 0:
-        with open(os.path.join(attempt, "metrics.jsonl"), "a") as f:
-            f.write(json.dumps({"kind": "step", "step": step, "time": time.time()}) + "\\n")
-    time.sleep(0.2)
-"""
-
-
-def torchrun(run: Run, mode: str) -> list[str]:
-    script = run.root / "rank.py"
-    script.write_text(RANK)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--monitor-interval", "0.2", str(script), mode]
-
-
-def rank_pids(run: Run) -> list[int]:
-    return [int((run.attempt / f"rank{r}.pid").read_text()) for r in (0, 1)]
-
-
-@pytest.fixture
-def gloo_run(tmp_path: Path) -> Iterator[Run]:
-    made = Run(tmp_path, startup_timeout_s=60, hang_timeout_s=3)
-    yield made
-    for p in made.survivors():
-        os.kill(p.pid, signal.SIGKILL)
-
-
-@pytest.mark.slow
-def test_gloo_a_rank_that_stops_calling_collectives_is_a_hang_and_nothing_survives(gloo_run: Run) -> None:
-    run = gloo_run
-    proc = run.start(torchrun(run, "hang"))
-    proc.communicate(timeout=120)
-    status = run.status
-    assert (status["outcome"], status["last_step"]) == ("hang", 2)
-    hang = run.events("hang")[0]
-    last_step_at = max(r["time"] for r in read_jsonl(run.attempt / "metrics.jsonl"))
-    assert hang["time"] - last_step_at <= 3 + 10
-    assert run.survivors() == []
-    assert not any(proctree.alive(pid) for pid in rank_pids(run))
-    stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
-    assert set(rank_pids(run)) <= set(stop["escaped"])  # torchrun puts ranks in new sessions
-
-
-@pytest.mark.slow
-def test_gloo_a_rank_past_its_address_space_limit_is_oom_with_the_allocator_line(gloo_run: Run) -> None:
-    run = gloo_run
-    proc = run.start(torchrun(run, "oom"))
-    proc.communicate(timeout=120)
-    status = run.status
-    assert status["outcome"] == "oom", status
-    assert any("DefaultCPUAllocator: can't allocate memory" in line for line in status["evidence"])
-    assert run.survivors() == []
-
-
-@pytest.mark.slow
-def test_gloo_a_rank_that_raises_is_crashed_with_its_traceback_line(gloo_run: Run) -> None:
-    run = gloo_run
-    proc = run.start(torchrun(run, "raise"))
-    proc.communicate(timeout=120)
-    status = run.status
-    assert status["outcome"] == "crashed", status
-    assert status["evidence"] == ["[rank1]: RuntimeError: rank 1 lost its shard at step 3"]
-    assert status["exit_codes"] == {"node0": 1}
-    assert run.survivors() == []
-
-
-@pytest.mark.slow
-def test_gloo_when_torchrun_is_sigkilled_its_workers_are_found_by_tag_and_killed(gloo_run: Run) -> None:
-    run = gloo_run
-    proc = run.start(torchrun(run, "train"))
-    _wait_for_step(run, timeout=60)
-    launcher = run.events("launch")[0]["pid"]
-    workers = rank_pids(run)
-    assert all(proctree.alive(pid) for pid in workers)
-    os.kill(launcher, signal.SIGKILL)
-    proc.communicate(timeout=60)
-    status = run.status
-    assert status["exit_codes"] == {"node0": -signal.SIGKILL}
-    assert status["outcome"] == "crashed", status
-    assert not any(proctree.alive(pid) for pid in workers)
-    assert set(workers) <= set(read_json(run.attempt / "node0.json")["observed"]["stop"]["escaped"])
-    assert run.survivors() == []
-
-
-# --- under the local Slurm cluster (scripts/local-slurm.sh start) -----------------------------
-
-JOB = """#!/bin/bash
-#SBATCH --nodes=1 --time=1 --no-requeue {signal}
-srun --nodes=1 --ntasks-per-node=1 {python} -m sweep.watchdog --run-dir {run_dir} \\
-  --attempt-dir {attempt} --poll-s 0.2 --node-wait-s 0 -- {python} {launcher} &
-SRUN_PID=$!
-forward() {{ kill -s "$1" "$SRUN_PID" 2>/dev/null || true; }}
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
-while true; do
-  wait "$SRUN_PID" && status=0 || status=$?
-  kill -0 "$SRUN_PID" 2>/dev/null || break
-done
-exit "$status"
-"""
-
-
-def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
-    launcher = run.python("steps(100000, gap=0.5)")
-    script = run.root / "job.sbatch"
-    script.write_text(JOB.format(signal=signal_option, python=sys.executable, run_dir=run.run_dir,
-                                 attempt=run.attempt, launcher=launcher[1]))
-    job_id = subprocess.run(["sbatch", "--parsable", f"--chdir={REPO}", f"--output={run.root}/job.out",
-                             str(script)], capture_output=True, text=True, check=True).stdout.strip()
-    deadline = time.monotonic() + timeout
-    state = ""
-    while time.monotonic() < deadline:
-        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
-                             capture_output=True, text=True).stdout.split()
-        state = out[0] if out else ""
-        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
-            return state
-        time.sleep(1)
-    subprocess.run(["scancel", job_id])
-    raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
-
-
-def _slurm_up() -> bool:
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-slurm = pytest.mark.skipif(not _slurm_up(), reason="no local Slurm cluster (scripts/local-slurm.sh start)")
-
-
-@slurm
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_the_usr1_before_the_time_limit_is_a_timeout(run: Run) -> None:
-    state = sbatch_and_wait(run, "--signal=B:USR1@30", timeout=150)
-    status = run.status
-    assert (status["outcome"], status["signals"]) == ("timeout", ["USR1"]), status
-    assert status["slurm_job_id"] and status["last_step"] >= 1
-    assert state == "COMPLETED" or state.startswith("FAILED")  # the job ended itself, before the limit
-    assert run.survivors() == []
-
-
-@slurm
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_slurm_a_time_limit_without_signal_is_a_timeout_from_the_job_end_time(run: Run) -> None:
-    from sweep.classify import Evidence, classify
-
-    state = sbatch_and_wait(run, "", timeout=200)
-    assert state == "TIMEOUT"
-    status = run.status  # the TERM came at the job's end time (squeue %e): Slurm's limit
-    assert (status["outcome"], status["signals"]) == ("timeout", ["TERM"]), status
-    assert run.events("launch")[0]["job_end"] is not None
-    # and when a watchdog cannot tell (or wrote nothing), sacct decides
-    verdict = classify(Evidence(exit_codes={"node0": -15}, signals=("TERM",), slurm_state=state,
-                                slurm_exit_code="0:15"))
-    assert verdict.outcome == "timeout"
-    assert run.survivors() == []

@@ -1,0 +1,84 @@
+"""The watchdog under the local Slurm cluster (scripts/local-slurm.sh start): the time limit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.watchdog_runs import REPO, Run, kill_leftovers
+
+
+@pytest.fixture
+def run(tmp_path: Path, slurm_cluster: None) -> Iterator[Run]:
+    made = Run(tmp_path)
+    yield made
+    kill_leftovers(made)
+
+
+JOB = """#!/bin/bash
+#SBATCH --nodes=1 --time=1 --no-requeue {signal}
+srun --nodes=1 --ntasks-per-node=1 {python} -m sweep.watchdog --run-dir {run_dir} \\
+  --attempt-dir {attempt} --poll-s 0.2 --node-wait-s 0 -- {python} {launcher} &
+SRUN_PID=$!
+forward() {{ kill -s "$1" "$SRUN_PID" 2>/dev/null || true; }}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+while true; do
+  wait "$SRUN_PID" && status=0 || status=$?
+  kill -0 "$SRUN_PID" 2>/dev/null || break
+done
+exit "$status"
+"""
+
+
+def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
+    launcher = run.python("steps(100000, gap=0.5)")
+    script = run.root / "job.sbatch"
+    script.write_text(JOB.format(signal=signal_option, python=sys.executable, run_dir=run.run_dir,
+                                 attempt=run.attempt, launcher=launcher[1]))
+    job_id = subprocess.run(["sbatch", "--parsable", f"--chdir={REPO}", f"--output={run.root}/job.out",
+                             str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"],
+                             capture_output=True, text=True).stdout.split()
+        state = out[0] if out else ""
+        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            return state
+        time.sleep(1)
+    subprocess.run(["scancel", job_id])
+    raise AssertionError(f"job {job_id} still {state or 'unknown'} after {timeout} s")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_the_usr1_before_the_time_limit_is_a_timeout(run: Run) -> None:
+    state = sbatch_and_wait(run, "--signal=B:USR1@30", timeout=150)
+    status = run.status
+    assert (status["outcome"], status["signals"]) == ("timeout", ["USR1"]), status
+    assert status["slurm_job_id"] and status["last_step"] >= 1
+    assert state == "COMPLETED" or state.startswith("FAILED")  # the job ended itself, before the limit
+    assert run.survivors() == []
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_slurm_a_time_limit_without_signal_is_a_timeout_from_the_job_end_time(run: Run) -> None:
+    from sweep.classify import Evidence, classify
+
+    state = sbatch_and_wait(run, "", timeout=200)
+    assert state == "TIMEOUT"
+    status = run.status  # the TERM came at the job's end time (squeue %e): Slurm's limit
+    assert (status["outcome"], status["signals"]) == ("timeout", ["TERM"]), status
+    assert run.events("launch")[0]["job_end"] is not None
+    # and when a watchdog cannot tell (or wrote nothing), sacct decides
+    verdict = classify(Evidence(exit_codes={"node0": -15}, signals=("TERM",), slurm_state=state,
+                                slurm_exit_code="0:15"))
+    assert verdict.outcome == "timeout"
+    assert run.survivors() == []
