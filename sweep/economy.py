@@ -62,7 +62,7 @@ class Search:
     skipped: pd.DataFrame  # candidate, model, nodes, reason
     coefficients: Coefficients | None = None
     rounds: int = 0
-    notes: list[str] = field(default_factory=list)
+    closed_at: dict[str, int] = field(default_factory=dict)  # adaptive: cell → round it closed
 
 
 # Memory dominance -------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     p = state.params
     cols = [c for c in FAMILY if c in state.candidates]
     family = state.cells + "|" + state.candidates[cols].astype(str).agg("|".join, axis=1)
-    closed: set[str] = set()
+    closed: dict[str, int] = {}
     round_no = 0
     while round_no < p.max_rounds:
         done = pd.Index([r["candidate"] for r in state.launched])
@@ -283,7 +283,7 @@ def _adaptive(state: _State, model: Predictor) -> Search:
             runs = int((state.cells[done] == cell).sum())
             if (len(measured) and runs >= p.min_cell_runs
                     and optimistic[ids].max() <= measured.max() * (1 + p.epsilon)):
-                closed.add(str(cell))
+                closed[str(cell)] = round_no
                 continue
             picks = list(estimate[ids].nlargest(max(p.k - 1, 1)).index)
             fresh = ids[~family[ids].isin(tried).to_numpy()].difference(pd.Index(picks))
@@ -297,8 +297,10 @@ def _adaptive(state: _State, model: Predictor) -> Search:
             break
         round_no += 1
         state.launch(pd.Index(batch), round_no)
-    return state.result("adaptive", round_no, model.coefficients,
-                        "adaptive: cell closed, its prediction cannot beat the best run by ε")
+    result = state.result("adaptive", round_no, model.coefficients,
+                          "adaptive: cell closed, its prediction cannot beat the best run by ε")
+    result.closed_at = closed
+    return result
 
 
 def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
@@ -333,6 +335,33 @@ def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
     estimate = predicted * np.exp(shift.fillna(0.0).to_numpy())
     optimistic = pd.Series(np.where(shift.isna(), np.inf, estimate * np.exp(margin)), index=ids)
     return estimate, optimistic
+
+
+def progress(result: Search, candidates: pd.DataFrame) -> pd.DataFrame:
+    """Per-cell progress of a search, without knowing the answer (what a live report shows):
+    candidates, runs launched / completed / failed, skipped by rule, best tokens/s/GPU so far,
+    rounds, and the round the cell closed (adaptive)."""
+    cells = _cell_keys(candidates)
+    launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
+    skipped = result.skipped.assign(cell=cells[result.skipped.candidate].to_numpy(),
+                                    rule=result.skipped.reason.str.replace(r" \(.*", "",
+                                                                           regex=True))
+    table = pd.DataFrame({"candidates": cells.groupby(cells).size()})
+    by = launched.groupby("cell")
+    table["launched"] = by.size()
+    table["completed"] = by.status.apply(lambda s: int((s == "completed").sum()))
+    table["failed"] = table.launched - table.completed
+    table["best_tokens_per_s_per_gpu"] = launched[launched.status == "completed"].groupby(
+        "cell").tokens_per_s_per_gpu.max()
+    table["rounds"] = by["round"].max()
+    table["closed_at_round"] = pd.Series(result.closed_at, dtype="float64")
+    if len(skipped):
+        table = table.join(skipped.groupby(["cell", "rule"]).size().unstack(fill_value=0)
+                           .add_prefix("skipped:"))
+    counts = [c for c in table if c in ("launched", "completed", "failed")
+              or c.startswith("skipped:")]
+    table[counts] = table[counts].fillna(0).astype(int)
+    return table
 
 
 # Scoring ----------------------------------------------------------------------------------------
@@ -454,5 +483,5 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
                   len(rows), float(rows.gpu_hours.sum()))
 
 
-__all__ = ["Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+__all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
            "score", "search"]

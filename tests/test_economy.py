@@ -194,3 +194,20 @@ def test_an_oracle_that_answers_for_other_candidates_is_refused() -> None:
     table = oracle(candidates, capacity_for(candidates, 0.3))
     with pytest.raises(ValueError, match="exactly the candidates it was given"):
         search(candidates, lambda ids: table.iloc[:2], "exhaustive", WORKLOADS)
+
+
+def test_progress_accounts_for_every_candidate_of_every_cell() -> None:
+    from sweep.economy import progress
+
+    candidates = grid(nodes=(1, 2))
+    outcomes = oracle(candidates, capacity_for(candidates, 0.3), noise=0.03)
+    result = search(candidates, outcomes, "adaptive", WORKLOADS, params=Params(min_cell_runs=6))
+    table = progress(result, candidates)
+    skipped = table[[c for c in table if c.startswith("skipped:")]].sum(axis=1)
+    assert (table.launched + skipped == table.candidates).all()
+    assert (table.completed + table.failed == table.launched).all()
+    assert table.closed_at_round.notna().all()  # both cells closed before running out
+    assert (table.closed_at_round <= table.rounds).all()
+    best = outcomes.loc[result.launched.candidate].groupby(
+        candidates.nodes[result.launched.candidate].to_numpy()).tokens_per_s_per_gpu.max()
+    assert np.allclose(table.best_tokens_per_s_per_gpu.to_numpy(), best.to_numpy())
