@@ -66,7 +66,7 @@ def empty_reason(cell: pd.DataFrame, column: str) -> str:
     counts = cell["outcome"].value_counts()
     parts = ", ".join(f"{n} {outcome}" for outcome, n in counts.items())
     if len(counts) == 1:
-        return f"no successful run: all {len(cell)} {counts.index[0]}"
+        return f"no successful run: {'all ' if len(cell) > 1 else ''}{len(cell)} {counts.index[0]}"
     return f"no successful run: {parts}"
 
 
@@ -77,6 +77,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
     shown_mfu = mfu_column(convention)
     models, nodes = cell_keys(runs)
     labels = _labels(runs)
+    sizes = runs.groupby("model")["model_params"].max().to_dict()
     eligible = runs[(runs["outcome"] == "completed") & runs[column].notna()]
     ordered = eligible.sort_values([column, "tokens_per_sec_per_gpu", "run_id", "attempt"],
                                    ascending=[False, False, True, True], kind="mergesort")
@@ -87,6 +88,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
         for node_count in nodes:
             cell = grouped.get((model, node_count), runs.iloc[0:0])
             row = {"model": labels.get(model, model), "model_name": model, "nodes": node_count,
+                   "model_params": sizes.get(model),
                    "n_attempts": len(cell), "n_completed": int((cell["outcome"] == "completed").sum()),
                    "metric": metric, "convention": convention}
             if (model, node_count) in winners.index:
@@ -95,7 +97,6 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
                                                  "world_size", "tokens_per_sec_per_gpu",
                                                  "mem_reserved_bytes", "mem_allocated_bytes",
                                                  "mem_source", "flops_per_token_reported")})
-                row["model_params"] = win["model_params"]
                 row["mfu"] = win[shown_mfu]
                 row["mfu_pct"] = 100.0 * win[shown_mfu] if pd.notna(win[shown_mfu]) else None
                 row["gpu_memory_GB"] = (win["mem_reserved_bytes"] / GIB

@@ -34,7 +34,11 @@ def _layout_lines(cell: pd.Series) -> list[str]:
 
 def _model_tick(best: pd.DataFrame, label: str) -> str:
     params = best.loc[best["model"] == label, "model_params"].dropna()
-    return f"{label}\n({params.iloc[0] / 1e9:.2f} B params)" if not params.empty else label
+    if params.empty:
+        return label
+    count = float(params.iloc[0])
+    size = f"{count / 1e9:.2f} B" if count >= 1e9 else f"{count / 1e6:.1f} M"
+    return f"{label}\n({size} params)"
 
 
 def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, int]] = (),
@@ -89,7 +93,9 @@ def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int, cmap, norm: Nor
                                facecolor=EMPTY_CELL, edgecolor="#CCCCCC", hatch="///",
                                linewidth=0, zorder=1))
         reason = cell.get("empty_reason") or "no value"
-        ax.text(col, row, "\n".join(textwrap.wrap(str(reason), 20)), ha="center", va="center",
+        head, _, tail = str(reason).partition(": ")
+        lines = textwrap.wrap(head + (":" if tail else ""), 22) + textwrap.wrap(tail, 22)
+        ax.text(col, row, "\n".join(lines), ha="center", va="center",
                 fontsize=6.5, color="#333333", zorder=2,
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": EMPTY_CELL, "edgecolor": "none"})
         return

@@ -122,7 +122,9 @@ def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, fl
     sources = ", ".join(sorted(set(runs["source"].dropna())))
     sweeps = ", ".join(sorted(set(runs["sweep"].dropna()))) or "sweep"
     summary = (f"{len(runs)} attempts ({', '.join(f'{n} {k}' for k, n in outcomes.most_common())}) "
-               f"from {sources}. Cells ranked by {ranked}; MFU divides by the dense peak of the GPU.")
+               f"from {sources}. Cells ranked by {ranked}. MFU divides by the peak FLOP/s per GPU: "
+               f"{', '.join(sorted(set(runs['peak_flops_source'].dropna()))) or 'none known'} "
+               "(catalog = the dense peak of the GPU and dtype; measured = a matmul on this CPU).")
     failure_table = counts.reset_index().rename(columns={"model_label": "model"})
     return _TEMPLATE.render(
         title=f"llm-sweep report: {sweeps}", summary=summary, notes=notes, flags=flags,

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sweep.local import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
 from sweep.rows import (config_columns, dense_peak, env_job_id, mfu_columns, provenance_columns,
                         steady_state)
 from sweep.runconfig import RunConfig
@@ -167,6 +168,11 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
     status = status or {}
     job_id = _first(status, "slurm_job_id") or env_job_id(env)
     acct = (accounting or {}).get(str(job_id)) if job_id is not None else None
+    if acct is None:  # the local backend leaves its sacct-like row in the attempt folder
+        local_row = _read_json(attempt_dir / LOCAL_ACCOUNTING_FILE, issues)
+        if isinstance(local_row, dict) and local_row.get("State"):
+            acct = {"job": local_row, "steps": []}
+            job_id = job_id if job_id is not None else local_row.get("JobID")
     _outcome_columns(row, status, acct, issues)
     _metric_columns(row, attempt_dir, config, issues)
     summary_torch = row.pop("torch_version", None)

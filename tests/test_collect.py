@@ -273,3 +273,33 @@ def test_a_torchtitan_attempt_keeps_its_logged_rates_and_mfu(tmp_path, refdata) 
     assert row["mfu_reported_convention"] == "torchtitan-log"
     assert row["mfu_full_attention"] == pytest.approx(
         row["tokens_per_sec_per_gpu"] * flops.flops_per_token(SHAPE, 4096, "full_attention") / PEAK)
+
+
+@pytest.mark.slow
+def test_collect_reads_what_the_real_job_writes(tmp_path, repo_root) -> None:
+    """One run of examples/local-cpu.yaml through job.sbatch, watchdog and the built-in workload
+    (2 ranks, gloo on CPU), then collect: the row must agree with the files the job wrote."""
+    import pandas as pd
+
+    from sweep import local, space
+    from sweep.render import render_runs
+    from sweep.spec import load_spec
+
+    spec = load_spec(repo_root / "examples" / "local-cpu.yaml")
+    plan = space.plan(spec)
+    pick = plan[(plan.nodes == 1) & (plan.dp == 2) & (plan.zero_stage == 0)
+                & (plan.model == "tiny-4l")]
+    (run_dir,) = render_runs(spec, pd.DataFrame(pick), tmp_path)
+    (result,) = local.run_local([run_dir], slots=2)
+    assert result.state == "COMPLETED"
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    summary = [json.loads(line) for line in (result.attempt_dir / METRICS_FILE).read_text().splitlines()][-1]
+    env = json.loads((result.attempt_dir / "env.json").read_text())
+    assert row["outcome"] == "completed" and row["collect_issues"] == []
+    assert row["metrics_source"] == "summary" and row["step_time_mean_s"] == summary["step_time_mean_s"]
+    assert row["mfu_reported"] == summary["mfu_pct"] / 100
+    assert row["mfu_full_attention"] == pytest.approx(summary["mfu"]["full_attention"], rel=1e-12)
+    assert row["peak_flops_source"] == summary["peak_flops_source"]  # measured: no catalog peak on CPU
+    assert row["slurm_state"] == "COMPLETED" and row["elapsed_s"] > 0 and row["gpu_hours"] > 0
+    assert row["harness_git_sha"].startswith(env["harness"]["git"]["sha"])
+    assert row["mem_predicted_total_bytes"] is not None and row["mem_reserved_bytes"] > 0
