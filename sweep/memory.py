@@ -114,12 +114,11 @@ def stage_layer_counts(model: ModelShape, pp: int, profile: str | MemoryProfile 
 
 def stage_block_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
                        ) -> tuple[int, ...]:
-    """Pipeline blocks per stage; a stage with none cannot run (nanotron counts embedding, final norm,
-    LM head, cast and loss as blocks; the others count decoder layers plus embedding/head)."""
+    """Pipeline blocks per stage; a stage with none cannot run. nanotron counts the embedding, the
+    final norm, the LM head, the fp32 cast and the loss as blocks too; the even split counts layers."""
     if get_profile(profile).stage_split == "cost":
         return tuple(b for _, b in _cost_split(model, pp))
-    counts = list(stage_layer_counts(model, pp, profile))
-    return tuple(counts)
+    return stage_layer_counts(model, pp, profile)
 
 
 def _first_last_layers(model: ModelShape, pp: np.ndarray, profile: MemoryProfile
