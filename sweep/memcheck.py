@@ -178,7 +178,8 @@ def _match_shape(row: dict[str, object], spec: Spec) -> str | None:
         return float(value) == wanted
 
     candidates = [m for m in spec.model_shapes
-                  if same(row["num_layers"], m.num_layers) and same(row["hidden_size"], m.hidden_size)
+                  if same(row["num_layers"], m.num_layers)
+                  and same(row["hidden_size"], m.hidden_size)
                   and same(row["num_heads"], m.num_attention_heads)
                   and same(row["vocab_size"], m.vocab_size)
                   and same(row.get("num_kv_heads", ""), m.num_kv_heads)

@@ -1,4 +1,4 @@
-"""The configuration space: every parallel layout of every (model, node count), and why it is pruned.
+"""The configuration space: every parallel layout of every (model, node count), and its verdict.
 
 For each (model, nodes) the planner takes every factorisation dp·tp·pp·cp·ep = GPUs that the
 axes allow, crosses it with the micro-batch sizes, ZeRO stages, recomputation modes, sequence
@@ -12,9 +12,9 @@ one boolean expression over whole columns, so a million candidates take about a 
 
 Two choices keep the plan free of duplicate runs: at tp = 1 sequence parallelism changes
 nothing, so such a layout appears once, recorded as sp = False (frameworks reject or ignore SP
-without TP; nanotron's REDUCE_SCATTER and ALL_REDUCE modes are the same run at tp = 1); at pp = 1 the
-pipeline schedule changes nothing, so it appears once (the first schedule listed, vpp = 1).
-The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
+without TP; nanotron's REDUCE_SCATTER and ALL_REDUCE modes are the same run at tp = 1); at
+pp = 1 the pipeline schedule changes nothing, so it appears once (the first schedule listed,
+vpp = 1). The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
 
 Pure: no I/O. The memory rule calls `sweep.memory.estimate_columns`.
 """
@@ -231,7 +231,8 @@ def _axis(values: object, gpus: int) -> np.ndarray:
     divisors = _divisors(gpus)
     if values == "auto":
         return divisors
-    return np.array([v for v in values if gpus % v == 0], dtype=np.int64)  # type: ignore[union-attr]
+    listed = [v for v in values if gpus % v == 0]  # type: ignore[attr-defined]
+    return np.array(listed, dtype=np.int64)
 
 
 def factorizations(spec: Spec, gpus: int) -> dict[str, np.ndarray]:

@@ -38,7 +38,8 @@ def full(refdata: Path, playbook: Spec) -> memcheck.MemoryCheck:
 def test_formats_are_told_apart_by_their_columns(refdata: Path) -> None:
     assert memcheck.detect_format(list(pd.read_csv(refdata / CHARTS, nrows=1).columns)) == "charts"
     assert memcheck.detect_format(list(pd.read_csv(refdata / FULL, nrows=1).columns)) == "full"
-    with pytest.raises(memcheck.RunsFileError, match=r"x\.csv: neither runs format.*'gpu_memory_GB'"):
+    with pytest.raises(memcheck.RunsFileError,
+                       match=r"x\.csv: neither runs format.*'gpu_memory_GB'"):
         memcheck.detect_format(["model_label", "nodes", "dp"], "x.csv")
 
 

@@ -1,4 +1,4 @@
-"""The configuration space: enumeration, the named prune rules in their order, and the plan table."""
+"""The configuration space: enumeration, the named prune rules in their order, the plan."""
 
 from __future__ import annotations
 
@@ -284,8 +284,8 @@ def test_playbook_plan_contains_every_published_run(refdata: Path, repo_root: Pa
 
     20 published rows (9 successes) ran with dp·mbs·grad_acc ≠ 256 sequences (16 to 4,096;
     the refdata README says 26, which these 1B/8B files do not bear out): the sweep's global
-    batch was not held for them, and the playbook published them as they ran. The plan holds each of those layouts at grad_acc =
-    256 / (dp·mbs); for every other row the grad_acc matches too.
+    batch was not held for them, and the playbook published them as they ran. The plan holds
+    each of those layouts at grad_acc = 256 / (dp·mbs); for every other row grad_acc matches.
     """
     from sweep.spec import load_spec
 
@@ -319,10 +319,11 @@ def test_a_space_too_large_to_hold_is_refused_before_it_is_built() -> None:
 
 def gpt_shape(row: pd.Series) -> ModelShape:
     """Megatron's GPT shapes of the published tables: MHA, 4h FFN, untied (vocab as given)."""
+    h, heads = int(row.hidden_size), int(row.attention_heads)
     return ModelShape(name=str(row.model_size_label), num_layers=int(row.num_layers),
-                      hidden_size=int(row.hidden_size), num_attention_heads=int(row.attention_heads),
-                      num_kv_heads=int(row.attention_heads), ffn_hidden_size=4 * int(row.hidden_size),
-                      vocab_size=int(row.vocab_size), tie_word_embeddings=False)
+                      hidden_size=h, num_attention_heads=heads, num_kv_heads=heads,
+                      ffn_hidden_size=4 * h, vocab_size=int(row.vocab_size),
+                      tie_word_embeddings=False)
 
 
 def structural_verdict(model: ModelShape, seq_len: int, gbs: int, **layout: object) -> str:
@@ -342,8 +343,9 @@ def test_published_megatron_layouts_pass_every_structural_rule(refdata: Path) ->
         layout = dict(dp=dp, tp=int(row.tensor_parallel), pp=pp, mbs=mbs, vpp=vpp,
                       grad_acc=int(row.global_batch_size) // (dp * mbs), recompute="full",
                       pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
-        assert structural_verdict(gpt_shape(row), int(row.seq_len),
-                                  int(row.global_batch_size), **layout) == "kept", row.model_size_label
+        verdict = structural_verdict(gpt_shape(row), int(row.seq_len),
+                                     int(row.global_batch_size), **layout)
+        assert verdict == "kept", row.model_size_label
     core = pd.read_csv(refdata / "megatron_core_h100_weak_scaling.csv")
     for _, row in core.iterrows():
         dp = int(row.data_parallel)
