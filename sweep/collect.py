@@ -431,6 +431,14 @@ def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
     return CollectResult(table=table, computed=len(fresh), reused=len(reuse), with_issues=issues)
 
 
+def job_ids(sweep_dir: str | Path) -> list[str]:
+    """The Slurm job ids the sweep's attempts ran under (for one sacct query)."""
+    runs_root = Path(sweep_dir) / "runs"
+    run_dirs = sorted(p for p in runs_root.iterdir() if p.is_dir()) if runs_root.is_dir() else []
+    hints = (_job_hint(attempt) for run_dir in run_dirs for attempt in attempt_dirs(run_dir))
+    return sorted({job for job in hints if job})
+
+
 def _job_hint(attempt_dir: Path) -> str | None:
     """The Slurm job id an attempt ran under (env.json or status.json), cheaply."""
     for name in (ENV_FILE, STATUS_FILE):

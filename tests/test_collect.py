@@ -17,7 +17,7 @@ import pytest
 import sweep
 from sweep import catalog, flops, provenance
 from sweep.cli import main
-from sweep.collect import collect_sweep, read_runs
+from sweep.collect import collect_sweep, job_ids, read_runs
 from sweep.layout import Layout
 from sweep.runconfig import RunConfig
 from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, atomic_write_json
@@ -303,3 +303,20 @@ def test_collect_reads_what_the_real_job_writes(tmp_path, repo_root) -> None:
     assert row["slurm_state"] == "COMPLETED" and row["elapsed_s"] > 0 and row["gpu_hours"] > 0
     assert row["harness_git_sha"].startswith(env["harness"]["git"]["sha"])
     assert row["mem_predicted_total_bytes"] is not None and row["mem_reserved_bytes"] > 0
+
+
+def test_sacct_entries_become_rows_that_decide_a_killed_attempt(tmp_path) -> None:
+    from sweep.commands.collect import acct_rows
+    from sweep.slurm import SEP, parse_sacct
+
+    run_dir = write_run(tmp_path, make_config())
+    write_attempt(run_dir, 1, times=[0.5] * 3, env={"slurm_array": "300_2", "slurm_job_id": "302"})
+    assert job_ids(tmp_path) == ["300_2"]
+    fields = ["300_2", "302", "bench", "NODE_FAIL", "0:0", "0:0", "node[3-4]",
+              "2026-01-01T10:00:00", "2026-01-01T10:05:00", "300", "cpu=8", "sbatch"]
+    step = ["300_2.0", "302.0", "python", "CANCELLED", "0:15", "", "node[3-4]",
+            "2026-01-01T10:00:01", "2026-01-01T10:05:00", "299", "", ""]
+    entries = parse_sacct("\n".join(SEP.join(f) for f in (fields, step)))  # sacct -P output
+    (row,) = collect_sweep(tmp_path, accounting=acct_rows(entries)).table.to_pylist()
+    assert (row["outcome"], row["status_source"], row["node_list"]) == ("node_fail", "sacct", "node[3-4]")
+    assert row["elapsed_s"] == 300.0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from sweep.cli import UserError
-from sweep.collect import RUNS_FILE, collect_sweep, read_runs, write_runs
+from sweep.collect import RUNS_FILE, collect_sweep, job_ids, read_runs, write_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accounting", type=Path, default=None,
                         help="Slurm accounting rows as JSON (a list of sacct rows with JobID, "
                              "State, NodeList, Start, End, ElapsedRaw) or JSON lines")
+    parser.add_argument("--sacct", action="store_true",
+                        help="ask Slurm's accounting (sacct) about the jobs the attempts ran under: "
+                             "it decides attempts that a time limit, node failure or cancel killed "
+                             "before they wrote status.json, and adds elapsed time")
     parser.add_argument("--full", action="store_true", help="recompute every row, reuse nothing")
 
 
@@ -38,6 +43,29 @@ def _accounting(path: Path | None) -> list[dict[str, Any]]:
     return data
 
 
+def acct_rows(entries: Iterable[Any]) -> list[dict[str, Any]]:
+    """sweep.slurm.AcctEntry objects (jobs with their steps) → plain sacct rows for collect."""
+    rows = []
+    for entry in entries:
+        for item in (entry, *entry.steps):
+            rows.append({"JobID": item.job_id, "State": item.state, "ExitCode": item.exit_code,
+                         "DerivedExitCode": item.derived_exit_code, "NodeList": item.nodes,
+                         "Start": item.start, "End": item.end, "ElapsedRaw": item.elapsed_s})
+    return rows
+
+
+def _sacct(sweep_dir: Path) -> list[dict[str, Any]]:
+    from sweep.slurm import Slurm, SlurmError
+
+    ids = job_ids(sweep_dir)
+    if not ids:
+        return []
+    try:
+        return acct_rows(Slurm().accounting(ids))
+    except (SlurmError, OSError) as error:
+        raise UserError(f"--sacct: {error}; run without --sacct, or pass rows with --accounting") from None
+
+
 def run(args: argparse.Namespace) -> int:
     sweep_dir: Path = args.sweep_dir
     if not (sweep_dir / "runs").is_dir():
@@ -45,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                         "(results/<sweep>) that `sweep render` wrote")
     out = args.out or sweep_dir / RUNS_FILE
     previous = None if args.full else read_runs(out)
-    result = collect_sweep(sweep_dir, previous=previous, accounting=_accounting(args.accounting))
+    accounting = _accounting(args.accounting) + (_sacct(sweep_dir) if args.sacct else [])
+    result = collect_sweep(sweep_dir, previous=previous, accounting=accounting)
     write_runs(result.table, out)
     outcomes = result.table.column("outcome").value_counts().to_pylist()
     counts = ", ".join(f"{item['counts']} {item['values']}" for item in outcomes)
