@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep import cleanup, proctree
+from sweep import cleanup, jobinfo, proctree
 from sweep.classify import Verdict, scan_log_for_failures
 from sweep.progress import LOGS_DIR, Progress, StepMatcher
 from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json, read_json
@@ -137,48 +136,6 @@ def _step_matcher(framework: str) -> StepMatcher | None:
     return match
 
 
-def _cgroup_oom_kills() -> int | None:
-    """The oom_kill counter of our memory cgroup (v1 or v2); Slurm puts each step in one."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "memory":
-            candidates = [Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control"]
-        elif controllers == "":
-            candidates = [Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events"]
-        else:
-            continue
-        for candidate in candidates:
-            try:
-                for entry in candidate.read_text().splitlines():
-                    key, _, value = entry.partition(" ")
-                    if key == "oom_kill" and value.strip().isdigit():
-                        return int(value)
-            except OSError:
-                continue
-    return None
-
-
-def _job_end_time(job_id: str | None, environ: dict[str, str]) -> float | None:
-    """When Slurm will end this job (unix seconds), so that a TERM at that time reads as the
-    time limit, not a cancel. None outside Slurm or when squeue cannot say."""
-    text = environ.get("SLURM_JOB_END_TIME", "")
-    if text.isdigit():
-        return float(text)
-    squeue = shutil.which("squeue")
-    if not job_id or squeue is None:
-        return None
-    try:
-        out = subprocess.run([squeue, "-h", "-j", job_id, "-o", "%e"], capture_output=True,
-                             text=True, timeout=10, check=False).stdout.strip()
-        return time.mktime(time.strptime(out.splitlines()[0], "%Y-%m-%dT%H:%M:%S"))
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-        return None
-
-
 def _exit_code(wait_status: int) -> int:
     """Popen's convention: the exit code, or minus the signal number."""
     return os.waitstatus_to_exitcode(wait_status)
@@ -226,26 +183,43 @@ class Watchdog:
             report = cleanup.prelaunch_clean(me=me, shm_dir=cfg.shm_dir, tmp_dir=cfg.tmp_dir,
                                              min_age_s=cfg.debris_min_age_s)
             self.event("prelaunch_clean", **report.to_json())
-        oom_before = _cgroup_oom_kills()
-        job_end = _job_end_time(cfg.slurm_job_id, dict(os.environ))
+        oom_before = jobinfo.cgroup_oom_kills()
+        job_end = jobinfo.job_end_time(cfg.slurm_job_id, dict(os.environ))
         started_at = time.time()
         launch_error = self._launch(me)
         self.event("launch", command=list(cfg.command), tag=cfg.tag, owner=me,
                    pid=self.launcher.pid if self.launcher else None, error=launch_error,
                    subreaper=subreaper, job_end=job_end, startup_timeout_s=cfg.startup_timeout_s,
                    hang_timeout_s=cfg.hang_timeout_s)
-        hang = None if launch_error else self._watch()
-        stop_at = time.time()
-        stop = proctree.stop_run(
-            sid=self.launcher.pid if self.launcher else None, owner=me,
-            grace_s=(cfg.signal_grace_s if self.peer_failed or self._signal_names() - {"USR1"}
-                     else cfg.grace_s),
-            on_reap=self._collect)
-        self.event("stopped", **stop.to_json(), exit_code=self.exit_code,
-                   orphans_reaped=self.orphans_reaped)
+        hang = None
+        try:
+            hang = None if launch_error else self._watch()
+        finally:  # whatever happened, the run's processes do not outlive the watchdog
+            stop_at = time.time()
+            stop = proctree.stop_run(
+                sid=self.launcher.pid if self.launcher else None, owner=me,
+                grace_s=(cfg.signal_grace_s if self.peer_failed or self._signal_names() - {"USR1"}
+                         else cfg.grace_s),
+                on_reap=self._collect)
+            self.event("stopped", **stop.to_json(), exit_code=self.exit_code,
+                       orphans_reaped=self.orphans_reaped)
         self.progress.poll()  # what the run wrote while it went down
-        oom_after = _cgroup_oom_kills()
-        observed = {
+        observed = self._observed(hang, launch_error, job_end, oom_before, stop, stop_at)
+        self._publish(observed, started_at)
+        usage = os.times()
+        self.event("exit", cpu_self_s=usage.user + usage.system, survivors=stop.survivors)
+        if hang is not None:
+            return 1
+        if self.exit_code is None:
+            return 127 if launch_error else 1
+        return self.exit_code if self.exit_code >= 0 else 128 - self.exit_code
+
+    def _observed(self, hang: dict[str, Any] | None, launch_error: str | None,
+                  job_end: float | None, oom_before: int | None, stop: proctree.StopReport,
+                  stop_at: float) -> dict[str, Any]:
+        """What only this node's watchdog knows; node files keep it for node 0's decision."""
+        oom_after = jobinfo.cgroup_oom_kills()
+        return {
             "exit_code": self.exit_code, "launch_error": launch_error,
             "signals": [name for name, _ in self.signals],
             "signal_times": [at for _, at in self.signals], "hang": hang,
@@ -258,6 +232,10 @@ class Watchdog:
                                  if oom_after is not None and oom_before is not None else None),
             "stop": stop.to_json(), "stop_at": stop_at,
         }
+
+    def _publish(self, observed: dict[str, Any], started_at: float) -> None:
+        """node<k>.json; on node 0 status.json, last; elsewhere wait for it before exiting."""
+        cfg = self.config
         k = cfg.node_index
         verdict = decide({k: observed}, log_text(cfg.attempt_dir, [k]), cfg.expected_steps)
         record = self._node_record(verdict, observed, started_at)
@@ -274,14 +252,6 @@ class Watchdog:
             # watchdog: let node 0 write the run's verdict first.
             written = wait_for_status(cfg.attempt_dir, cfg.node_wait_s + 15)
             self.event("waited_for_status", written=written)
-        usage = os.times()
-        self.event("exit", cpu_self_s=usage.user + usage.system,
-                   survivors=stop.survivors)
-        if hang is not None:
-            return 1
-        if self.exit_code is None:
-            return 127 if launch_error else 1
-        return self.exit_code if self.exit_code >= 0 else 128 - self.exit_code
 
     def _launch(self, me: str) -> str | None:
         cfg = self.config
@@ -422,6 +392,12 @@ def main(argv: list[str] | None = None) -> int:
             tmp_dir=args.tmp_dir, debris_min_age_s=args.debris_min_age_s)
     except WatchdogError as exc:
         print(f"watchdog: {exc}", file=sys.stderr)
+        return 2
+    try:
+        (config.attempt_dir / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"watchdog: cannot write the attempt folder {config.attempt_dir} ({exc.strerror}); "
+              f"--attempt-dir must be a writable runs/<run_id>/attempts/<n>", file=sys.stderr)
         return 2
     return Watchdog(config).run()
 
