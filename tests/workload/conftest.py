@@ -38,6 +38,15 @@ TWO_RANK_LAYOUTS: dict[str, dict[str, Any]] = {
     "ddp-recompute_selective": {"dp": 2, "recompute": "selective"},
     "ddp-recompute_full": {"dp": 2, "recompute": "full"},
 }
+# Same global batch, first step only: every parameter's full gradient norm (no optimizer step).
+GRADIENT_LAYOUTS: dict[str, dict[str, Any]] = {
+    "grad-ddp-grad_acc2": {"dp": 2, "grad_acc": 2},
+    "grad-fsdp2-zero3": {"dp": 2, "zero_stage": 3},
+    "grad-tp-sp": {"tp": 2, "sp": True},
+    "grad-cp": {"cp": 2},
+    "grad-gqa-tied-tp-sp": {"model": "tiny-gqa-4l", "tp": 2, "sp": True},
+    "grad-gqa-tied-fsdp2-zero2": {"model": "tiny-gqa-4l", "dp": 2, "zero_stage": 2},
+}
 MEMTRACK_LAYOUTS = ("ddp", "fsdp2-zero3", "ddp-recompute_selective", "ddp-recompute_full")
 NEGATIVE_CONTROL = "ddp-UNSYNCED"  # DDP that never reduces gradients: must NOT match
 FOUR_RANK_LAYOUTS: dict[str, dict[str, Any]] = {
@@ -55,6 +64,7 @@ class LayoutRun:
     losses: list[float]
     memtrack: list[dict[str, int]] | None
     error: str | None
+    grad_norms: dict[str, float] | None = None
 
 
 def run_layouts(root: Path, nproc: int, layouts: dict[str, dict[str, Any]],
@@ -91,6 +101,8 @@ def two_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, LayoutRun]:
     for name in MEMTRACK_LAYOUTS:
         layouts[name]["settings"] = {"test_memtrack": True}
     layouts[NEGATIVE_CONTROL] = {"dp": 2, "settings": {"test_unsynced_ddp": True}}
+    for name, kw in GRADIENT_LAYOUTS.items():
+        layouts[name] = kw | {"settings": {"test_grad_norms": True}}
     return run_layouts(tmp_path_factory.mktemp("two_rank"), 2, layouts)
 
 

@@ -10,6 +10,9 @@ to OUT.json.
 
 Two test-only keys in run.json settings steer a layout (the workload ignores unknown settings):
 - `test_memtrack: true` runs the extra MemTracker step (as `--memtrack` does) and returns its peaks;
+- `test_grad_norms: true` builds the layout, runs one forward/backward of step 1 and returns the
+  norm of every parameter's full gradient (no optimizer step): AdamW hides a wrong gradient
+  scale from the loss curve, this does not;
 - `test_unsynced_ddp: true` is the NEGATIVE CONTROL of the golden test: DDP is replaced by a
   wrapper that never all-reduces, so each rank trains on its half of the batch. The golden
   comparison must tell this broken layout apart from the real ones.
@@ -31,7 +34,25 @@ import torch.distributed as dist
 
 from sweep import runconfig
 from sweep.workload import parallel
-from sweep.workload.train import device_for, init_distributed, train
+from sweep.workload.data import global_batch
+from sweep.workload.train import Trainer, device_for, init_distributed, train
+
+
+def first_step_grad_norms(cfg: runconfig.RunConfig) -> dict[str, float]:
+    """Per-parameter norms of the full gradient after the first step's backward (pp 1 only)."""
+    from torch.distributed.tensor import DTensor
+
+    trainer = Trainer(cfg, device_for(cfg))
+    batch = global_batch(trainer.seed, 1, cfg.global_batch_sequences, cfg.seq_len, cfg.model.vocab_size)
+    trainer._plain_step(batch)
+    for wrapper in trainer.wrappers:
+        wrapper.finish_gradients()
+    norms = {}
+    for name, param in trainer.modules[0].named_parameters():
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        clean = name.replace("_checkpoint_wrapped_module.", "").removeprefix("module.")
+        norms[clean] = grad.norm().item()
+    return norms
 
 
 class UnsyncedDDP(torch.nn.Module):
@@ -68,6 +89,10 @@ def main() -> None:
         device = device_for(cfg)
         init_distributed(device, timeout_s=120)
         try:
+            if cfg.settings.get("test_grad_norms"):
+                results[str(run_dir)] = {"losses": [], "memtrack": None, "error": None,
+                                         "grad_norms": first_step_grad_norms(cfg)}
+                continue
             with unsynced_ddp(bool(cfg.settings.get("test_unsynced_ddp"))):
                 result = train(cfg, run_dir, memtrack=bool(cfg.settings.get("test_memtrack")))
             results[str(run_dir)] = {"losses": result.losses, "memtrack": result.memtrack, "error": None}
