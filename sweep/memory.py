@@ -192,16 +192,17 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     k = float(model.experts_per_token) if model.is_moe else 1.0
     ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
     ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
+    r = max(prof.residual_bytes, a)  # the residual stream: what the norms save, the layer input
     # per token and layer: 2 norm inputs + 2 linear inputs (h each), q, k, v, attention output, FFN
-    per_token_layer = (a * 4 * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
+    per_token_layer = ((2 * r + 2 * a) * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
                        + (a * 2 * h * k / sp_div if model.is_moe else 0.0))  # MoE: permuted tokens
     if not prof.flash_attention:  # attention scores and softmax, unless recomputed
         per_token_layer = per_token_layer + np.where(
             masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
     full = masks["full"]  # keeps each layer's input; recomputes one layer at a time in backward
-    stored_per_layer = np.where(full, a * h / sp_div, per_token_layer) * tokens
+    stored_per_layer = np.where(full, r * h / sp_div, per_token_layer) * tokens
     working_layer = np.where(full, per_token_layer * tokens, 0.0)
-    head_inputs = a * 2 * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
+    head_inputs = (r + a) * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
 
     # micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the last;
     # GPipe holds all; interleaved 1F1B follows Megatron: pp * (1 + (pp-1)/(pp*vpp)) on the first
@@ -252,20 +253,20 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     cp_shard = cp if prof.zero_shards_over_cp else 1.0
     n_dense, n_expert = dp * ep * cp_shard, dp * cp_shard
     replicas = dp * ep * cp
-    w_b = max(prof.weight_bytes, 4.0) if full_precision else prof.weight_bytes
-    g_b = np.where(replicas > 1, prof.grad_bytes, 0.0) if prof.grad_needs_dp else prof.grad_bytes
-    if full_precision and prof.grad_bytes:
-        g_b = np.where(g_b > 0, 4.0, 0.0)
-    g_b = g_b + prof.fp32_grad_bytes
-    m_b = 0.0 if full_precision else prof.master_bytes
-    o_b = m_b + prof.optimizer_bytes
+    def in_dtype(nbytes: float) -> float:  # a buffer kept in the weights' dtype is fp32 in fp32 runs
+        return max(nbytes, 4.0) if full_precision and nbytes else nbytes
+
+    w_b = in_dtype(prof.weight_bytes)
+    g_b = in_dtype(prof.grad_bytes) + prof.fp32_grad_bytes
+    bucket_b = np.where((replicas > 1) & (zero <= 1), in_dtype(prof.ddp_bucket_bytes), 0.0)
+    o_b = (0.0 if full_precision else prof.master_bytes) + prof.optimizer_bytes
 
     def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
         def sharded(bytes_pp, from_stage):
             on = zero >= from_stage
             return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
         weights = sharded(w_b, prof.weights_shard_from_zero)
-        grads = sharded(g_b, 2)
+        grads = sharded(g_b, 2) + bucket_b * (p_dense + p_expert)
         optim = sharded(o_b, 1)
         gather = np.where((zero >= 1) & (n_dense > 1),
                           prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
@@ -282,13 +283,17 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
 
     def stage_total(p_dense, p_expert, act, lg, in_flight):
         weights, grads, optim, gather = state(p_dense, p_expert)
+        layer_params = (dense_per_layer + expert_per_layer / ep) / tp
         fsdp = 0.0
         if prof.fsdp_unsharded_layers:
-            layer_params = (dense_per_layer + expert_per_layer / ep) / tp
-            fsdp = np.where(zero == 2, 2.0 * (p_dense + p_expert),
-                            np.where(zero >= 3, 2.0 * prof.fsdp_unsharded_layers * layer_params, 0.0))
-        step_extra = np.maximum(gather - (act + lg), 0.0)
-        buffers = buffers_fixed + fsdp + step_extra
+            fsdp = prof.fsdp_gathered_bytes * np.where(
+                zero == 2, p_dense + p_expert,
+                np.where(zero >= 3, prof.fsdp_unsharded_layers * layer_params, 0.0))
+        # autocast's weight casts live from each layer's forward to its backward (one layer at a
+        # time under full recomputation)
+        casts = prof.autocast_weight_bytes * np.where(masks["full"], layer_params, p_dense + p_expert)
+        step_extra = np.maximum(gather - (act + lg + casts), 0.0)
+        buffers = buffers_fixed + fsdp + casts + step_extra
         frag = (prof.fragmentation_sequential * act / in_flight
                 + prof.fragmentation_pipelined * act * (1.0 - 1.0 / in_flight)
                 + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)

@@ -13,7 +13,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final, Mapping
 
@@ -40,23 +40,26 @@ class MemoryProfile:
     name: str
     description: str
     # --- persistent state, bytes per parameter ---
-    weight_bytes: float = 2.0  # the compute-dtype copy (bf16)
-    grad_bytes: float = 0.0  # model-dtype gradient buffer (DDP buckets / param.grad)
-    grad_needs_dp: bool = False  # that buffer exists only when the model is wrapped in DDP (dp > 1)
+    weight_bytes: float = 2.0  # the stored weights (bf16 copy, or fp32 when they are the master copy)
+    grad_bytes: float = 0.0  # param.grad in the weights' dtype
+    ddp_bucket_bytes: float = 0.0  # DDP's own gradient buckets: only with replicas and ZeRO <= 1
     fp32_grad_bytes: float = 4.0  # fp32 gradient accumulation / main_grad buffer
     master_bytes: float = 4.0  # fp32 master weights
     optimizer_bytes: float = 8.0  # Adam exp_avg + exp_avg_sq, fp32
     zero_shards_over_cp: bool = True  # ZeRO shards over dp*cp (Megatron, FSDP) or dp only (nanotron)
     weights_shard_from_zero: int = 3  # FSDP2 shards the stored (fp32) params already at "ZeRO-2"
-    # --- transients outside the forward/backward pass ---
+    # --- transients ---
     zero1_gather_bytes: float = 0.0  # ZeRO-1: all-gather buffer of updated params (+ its input shard)
-    # FSDP: ZeRO-2 (reshard_after_forward=False) keeps the gathered bf16 compute copy of every layer
-    # from forward to backward; ZeRO-3 gathers this many layers at a time (current + prefetch)
+    # FSDP: ZeRO-2 (reshard_after_forward=False) keeps every layer's gathered compute copy from
+    # forward to backward; ZeRO-3 gathers this many layers at a time (current + prefetch)
     fsdp_unsharded_layers: int = 0
+    fsdp_gathered_bytes: float = 2.0  # bytes per parameter of that gathered copy (bf16 param_dtype)
+    autocast_weight_bytes: float = 0.0  # torch.autocast's bf16 weight casts, saved for backward
     # --- pipeline ---
     stage_split: str = "even"  # "even": ceil(L/pp) layers on stage 0; "cost": nanotron's balanced split
     # --- activations and logits ---
     flash_attention: bool = True  # no s^2 attention-score tensors
+    residual_bytes: float = 2.0  # bytes per element of the residual stream the two norms save
     logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
     tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
     workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
@@ -75,17 +78,17 @@ NANOTRON: Final = MemoryProfile(
         "nanotron (playbook sweep): bf16 params, bf16 DDP buckets when dp>1, fp32 grad accumulation "
         "(accumulate_grad_in_fp32), fp32 master + Adam; ZeRO-1 shards master+Adam over dp only and "
         "all-gathers the updated params; cost-balanced PP split with embedding/LM head as blocks"),
-    grad_bytes=2.0, grad_needs_dp=True, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
+    ddp_bucket_bytes=2.0, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
     zero_shards_over_cp=False, zero1_gather_bytes=2.0, stage_split="cost",
 )
 
 MEGATRON: Final = MemoryProfile(
     name="megatron",
     description=(
-        "Megatron-LM/Megatron-Core: bf16 params, fp32 main_grad buffer, distributed optimizer "
-        "(ZeRO-1: fp32 master + Adam sharded over dp*cp); even PP split"),
-    grad_bytes=0.0, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, stage_split="even",
+        "Megatron-LM/Megatron-Core: bf16 params, fp32 main_grad buffer (also DDP's bucket), "
+        "distributed optimizer (ZeRO-1: fp32 master + Adam sharded over dp*cp); even PP split"),
+    fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0, zero_shards_over_cp=True,
+    stage_split="even",
 )
 
 TORCHTITAN: Final = MemoryProfile(
@@ -93,25 +96,28 @@ TORCHTITAN: Final = MemoryProfile(
     description=(
         "torchtitan FSDP2: fp32 sharded params are the master copy, fp32 grads (reduce_dtype fp32), "
         "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2)"),
-    weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
+    weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
+    optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
+    stage_split="even",
 )
 
 BUILTIN: Final = MemoryProfile(
     name="builtin",
-    description="the built-in workload (FSDP2/DTensor, same state layout as torchtitan)",
-    weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
+    description=(
+        "the built-in workload (sweep.workload): fp32 params and grads under torch.autocast (bf16 "
+        "weight casts saved for backward, fp32 residual stream); ZeRO 0 = DDP, 1 = "
+        "ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 without a mixed-precision policy (fp32 gathers)"),
+    weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
+    optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
+    fsdp_gathered_bytes=4.0, autocast_weight_bytes=2.0, residual_bytes=4.0, stage_split="even",
 )
 
 # Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,
 # MPT) configurations are checked. MPT trains with flash-attn's fused cross-entropy, which keeps only
 # the bf16 logits and writes their gradient in place (4 bytes per vocab element at the peak).
-LLMFOUNDRY: Final = MemoryProfile(
-    name="llmfoundry",
+LLMFOUNDRY: Final = replace(
+    TORCHTITAN, name="llmfoundry",
     description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
-    weight_bytes=4.0, grad_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0, optimizer_bytes=8.0,
-    zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2, stage_split="even",
     logits_bytes_per_element=4.0,
 )
 

@@ -193,6 +193,19 @@ def test_fsdp_shards_its_fp32_params_and_keeps_bf16_compute_copies():
     assert buffers[2] - buffers[3] == pytest.approx(2 * p - 2 * 2 * layer, rel=1e-9)
 
 
+def test_builtin_workload_keeps_fp32_params_grads_and_ddp_buckets_and_autocast_casts():
+    """sweep.workload: fp32 params, param.grad and DDP's own buckets (ZeRO <= 1), AdamW moments;
+    autocast's bf16 weight casts live until backward; FSDP2 gathers fp32 (no mixed-precision policy)."""
+    p = count_parameters(EIGHT_B).total
+    ddp = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1), seq_len=4096, profile="builtin").components
+    assert (ddp["weights"], ddp["gradients"], ddp["optimizer"]) == (4 * p, 8 * p, 8 * p)
+    assert ddp["buffers"] >= 2 * p
+    fsdp = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1, zero_stage=2), seq_len=4096,
+                    profile="builtin").components
+    assert fsdp["weights"] + fsdp["gradients"] + fsdp["optimizer"] == pytest.approx(16 * p / 8, rel=1e-9)
+    assert fsdp["buffers"] - ddp["buffers"] == pytest.approx(4 * p, rel=1e-9)  # the fp32 gathers
+
+
 def test_tp_and_ep_shard_the_parameters():
     w1 = _state(MOE, Layout(dp=2, tp=1, pp=1), "megatron")[0]
     w_tp = _state(MOE, Layout(dp=2, tp=2, pp=1), "megatron")[0]
