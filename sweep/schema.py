@@ -49,7 +49,7 @@ _IDENTITY = _cols(
     ("schema_version", "int64", "", "version of this schema"),
     ("sweep", "string", "", "sweep name (spec `name`)"),
     ("run_id", "string", "", "stable id of the configuration (RunConfig.run_id)"),
-    ("attempt", "int64", "", "attempt number, 1 = first submission (imported repeats: repeat index)"),
+    ("attempt", "int64", "", "attempt number, 1 = first submission (imports: the n-th time the file lists this configuration)"),
     ("attempt_dir", "string", "", "attempt folder relative to the sweep directory; import: source file"),
     ("source", "string", "", "`collect` or `import:<file name>`"),
 )
@@ -125,19 +125,21 @@ _FLOPS = _cols(
        f"training FLOPs per token, `{c}` convention (sweep.flops)") for c in CONVENTIONS],
     ("flops_per_token_reported", "float64", "FLOP/token",
      "FLOPs per token implied by the reported MFU: mfu_reported × peak / tokens_per_sec_per_gpu"),
-    ("peak_flops", "float64", "FLOP/s", "dense peak per GPU that MFU divides by"),
+    ("peak_flops", "float64", "FLOP/s", "peak FLOP/s per GPU that MFU divides by: the catalog's "
+     "dense peak for the GPU and dtype, or a measured peak where the catalog has none (CPU)"),
     ("peak_flops_source", "string", "", "catalog:<gpu>:<dtype> or measured:<how>"),
     *[(f"mfu_{c}", "float64", "fraction", f"tokens_per_sec_per_gpu × flops_per_token_{c} / "
        "peak_flops") for c in CONVENTIONS],
     ("mfu_reported", "float64", "fraction", "MFU as the trainer or the publication reported it"),
-    ("mfu_reported_convention", "string", "", "convention of mfu_reported (`published` = "
-     "as published, basis not stated)"),
+    ("mfu_reported_convention", "string", "", "convention of mfu_reported: full_attention "
+     "(builtin), <framework>-log (the framework's own formula), published (basis not stated)"),
 )
 _MEMORY = _cols(
     "memory",
     ("mem_allocated_bytes", "float64", "bytes", "measured peak allocated (max over ranks; imports: rank 0)"),
-    ("mem_reserved_bytes", "float64", "bytes", "measured peak reserved by the allocator"),
-    ("mem_source", "string", "", "cuda, cpu-rss, or cuda:rank0 (imports)"),
+    ("mem_reserved_bytes", "float64", "bytes", "measured peak reserved by the allocator (imports: "
+     "the published GB, which are GiB, × 2^30)"),
+    ("mem_source", "string", "", "cuda, cpu-rss, log (the framework's memory lines) or cuda:rank0 (imports)"),
     ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
      "(plan column mem_allocated_bytes, via run.json `predicted`)"),
     ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "
@@ -149,11 +151,11 @@ _MEMORY = _cols(
 _SLURM = _cols(
     "Slurm",
     ("slurm_job_id", "string", "", "Slurm job id (array jobs: <array>_<task>)"),
-    ("slurm_state", "string", "", "sacct State, when accounting rows were given"),
+    ("slurm_state", "string", "", "sacct State (or the local backend's emulated one)"),
     ("node_list", "string", "", "nodes the attempt ran on"),
     ("started_at", "float64", "s (Unix time)", "start of the attempt"),
     ("ended_at", "float64", "s (Unix time)", "end of the attempt"),
-    ("elapsed_s", "float64", "s", "ended_at − started_at, or sacct ElapsedRaw"),
+    ("elapsed_s", "float64", "s", "sacct ElapsedRaw when accounting is known, else ended_at − started_at"),
     ("gpu_hours", "float64", "GPU·h", "elapsed_s × world_size / 3600"),
 )
 _PROVENANCE = _cols(
@@ -165,7 +167,8 @@ _PROVENANCE = _cols(
     ("torch_version", "string", "", "PyTorch version on the compute node"),
     ("python_version", "string", "", "Python version on the compute node"),
     ("hostname", "string", "", "host of node 0"),
-    ("parser", "string", "", "parser and its format version (log:<name>@<version>, metrics.jsonl@1)"),
+    ("parser", "string", "", "reader and format version: metrics.jsonl@1, log:<framework>@<format>, "
+     "published-csv"),
     ("collected_at", "float64", "s (Unix time)", "when this row was computed"),
     ("source_fingerprint", "string", "", "sizes and mtimes of the files read; collect reuses a row "
      "whose fingerprint is unchanged"),
