@@ -5,11 +5,14 @@ The model follows what a training step puts on a GPU:
   each sharded as the ZeRO stage says;
 - the forward/backward transients: activations of the micro-batches in flight on the stage (by
   recomputation mode, TP/SP and CP sharding, pipeline schedule) and the logits + loss path;
-- buffers: fixed workspaces, sequence-parallel gather buffers, and the optimizer-step transients
-  (ZeRO-1 all-gather) where they exceed the activation memory freed by then;
-- what the caching allocator holds beyond live tensors (fragmentation): a share of the transient
-  working set, because freed activation/logit blocks are re-split between differently sized requests
-  and interleaved with tensors that stay alive, plus a floor;
+- buffers: fixed workspaces, sequence-parallel gather buffers, FSDP's gathered copies, autocast's
+  weight casts, and the optimizer-step transients (ZeRO-1 all-gather) where they exceed the
+  activation memory freed by then;
+- what the caching allocator holds beyond live tensors (fragmentation), by what causes it: a small
+  share of the activations of a micro-batch alone in flight (the next one reuses its blocks), a
+  larger share of those the pipeline keeps in flight (freed out of order, they leave holes), a share
+  of the logits (the largest blocks, re-split between steps), and a floor
+  (sweep.memory_profiles names the calibrated constants);
 - what lives outside the allocator: the CUDA context and NCCL communicator buffers.
 
 `allocated` = live tensors at the peak; `reserved` = allocated + fragmentation (what
@@ -17,8 +20,10 @@ The model follows what a training step puts on a GPU:
 `step_allocated` is the peak of the optimizer-step window alone (what nanotron's benchmark table
 reports as "Mem Alloc": its `log_memory` resets the peak counters right after the forward/backward pass).
 
+The most loaded rank is the first or the last pipeline stage (embedding and most in-flight
+micro-batches, or the LM head and the logits); `stage=` picks one to compare with a measurement.
 One vectorised function computes every number; `estimate` calls it with one row, so the scalar and
-the column paths agree exactly. Pure: no I/O; imports numpy and sweep.model/layout only.
+the column paths agree exactly. Pure: no I/O; imports numpy, sweep.model/layout and the profiles.
 """
 
 from __future__ import annotations
