@@ -51,7 +51,8 @@ def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
 
 def outcome_counts(runs: pd.DataFrame) -> pd.DataFrame:
     """Attempts per (model, nodes) cell by outcome class; columns in the schema's class order."""
-    counts = runs.groupby(["model_label", "nodes", "outcome"]).size().unstack("outcome", fill_value=0)
+    placed = runs.dropna(subset=["model_label", "nodes"]).astype({"nodes": "int64"})
+    counts = placed.groupby(["model_label", "nodes", "outcome"]).size().unstack("outcome", fill_value=0)
     ordered = [o for o in OUTCOMES if o in counts.columns] + \
         sorted(c for c in counts.columns if c not in OUTCOMES)
     counts = counts[ordered]

@@ -48,6 +48,10 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
     if runs.empty:
         raise ValueError("runs.parquet has no rows: nothing to report; run `sweep collect` first")
     convention, notes = resolve_convention(runs, convention)
+    unplaced = runs["model"].isna() | runs["nodes"].isna()
+    if unplaced.any():
+        notes.append(f"{int(unplaced.sum())} attempt(s) have no configuration (run.json missing or "
+                     "invalid; see collect_issues) and are left out of every cell.")
     out_dir.mkdir(parents=True, exist_ok=True)
     best = best_configs(runs, metric, convention)
     flags = all_flags(runs, metric, convention)
