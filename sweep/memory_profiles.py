@@ -6,7 +6,7 @@ logits path is, and what its allocator and runtime cost beyond live tensors.
 
 Only the allocator constants are fitted to measurements (three fragmentation shares and a floor,
 calibrated once on the playbook's nanotron runs and shared by every profile); everything else comes
-from how the framework is written (sources named per field).
+from how the framework is written (each profile's description says what it keeps).
 
 Pure: no I/O.
 """
@@ -29,6 +29,10 @@ GiB: Final = 1 << 30
 # - logits and loss: the largest tensors of the step, allocated when the pool is fullest, then re-split
 #   by smaller requests, so they need fresh segments again next time;
 # - a floor: rounding and small-block pools.
+# Chosen on a grid for the reserved-memory error and the success/OOM split at once; the published
+# llm-foundry configurations (FSDP, no pipeline, large micro-batches) bound the sequential share to
+# about 0.1. Measured: reserved error median 0.086, p90 0.22; 99.2 % of successful runs fit, 90.6 %
+# of OOM runs do not.
 FRAG_SEQUENTIAL: Final = 0.10
 FRAG_PIPELINED: Final = 0.40
 FRAG_LOGITS: Final = 0.30
