@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from analysis.best import describe, mfu_column
 from analysis.style import OUTCOME_COLOURS, SERIES, paper_style, save
@@ -40,8 +40,10 @@ def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
         left.set_ylabel(f"Best MFU (%), {convention}")
         left.set_ylim(bottom=0)
         right.set_ylabel("Tokens/s per GPU of that run")
-        right.set_ylim(bottom=0)
+        right.set_yscale("log")  # models differ by orders of magnitude in tokens/s
+        right.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
+        right.yaxis.set_minor_formatter(NullFormatter())
         left.legend(title="Model", frameon=False)
         fig.suptitle("Best configuration per cell against nodes, ranked by "
                      f"{describe(best['metric'].iloc[0], convention)}", x=0.01, ha="left")
