@@ -42,12 +42,27 @@ def describe(metric: str, convention: str) -> str:
     return f"MFU ({convention})"
 
 
-def cell_keys(runs: pd.DataFrame) -> tuple[list[str], list[int]]:
-    """Models ordered by size, then node counts ascending: the heatmap's rows and columns."""
-    sizes = runs.groupby("model", sort=False)["model_params"].max().fillna(0)
-    models = sorted(sizes.index, key=lambda m: (sizes[m], m))
-    nodes = sorted(int(n) for n in runs["nodes"].dropna().unique())
-    return models, nodes
+def cell_keys(runs: pd.DataFrame, plan: pd.DataFrame | None = None) -> tuple[list[str], list[int]]:
+    """Models ordered by size, then node counts ascending: the heatmap's rows and columns
+    (with a plan, also the cells that were planned but never ran)."""
+    sizes = runs.groupby("model", sort=False)["model_params"].max().fillna(0).to_dict()
+    nodes = {int(n) for n in runs["nodes"].dropna().unique()}
+    if plan is not None:
+        sizes.update({m: float("inf") for m in plan["model"].dropna().unique() if m not in sizes})
+        nodes |= {int(n) for n in plan["nodes"].dropna().unique()}
+    return sorted(sizes, key=lambda m: (sizes[m], m)), sorted(nodes)
+
+
+def plan_reason(planned: pd.DataFrame) -> str:
+    """Why a cell without attempts is empty, from plan.parquet (status, prune_rule)."""
+    if planned.empty:
+        return "not run"
+    kept = int((planned["status"] == "kept").sum())
+    if kept:
+        return f"not run: {kept} planned configuration(s) without an attempt"
+    rules = planned["prune_rule"].fillna("unknown").value_counts()
+    return (f"not run: all {len(planned)} configurations pruned ("
+            + ", ".join(f"{rule} {count}" for rule, count in rules.items()) + ")")
 
 
 def _labels(runs: pd.DataFrame) -> dict[str, str]:
@@ -71,11 +86,15 @@ def empty_reason(cell: pd.DataFrame, column: str) -> str:
 
 
 def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
-                 convention: str = DEFAULT_CONVENTION) -> pd.DataFrame:
-    """One row per cell of the models × nodes grid, winners and empty cells alike."""
+                 convention: str = DEFAULT_CONVENTION, plan: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per cell of the models × nodes grid, winners and empty cells alike.
+
+    `plan` (plan.parquet, optional) adds the cells that never ran and says why (pruned by which rule).
+    """
     column = ranking_column(metric, convention)
     shown_mfu = mfu_column(convention)
-    models, nodes = cell_keys(runs)
+    models, nodes = cell_keys(runs, plan)
+    planned = dict(tuple(plan.groupby(["model", "nodes"], sort=False))) if plan is not None else {}
     labels = _labels(runs)
     sizes = runs.groupby("model")["model_params"].max().to_dict()
     eligible = runs[(runs["outcome"] == "completed") & runs[column].notna()]
@@ -102,6 +121,8 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
                 row["gpu_memory_GB"] = (win["mem_reserved_bytes"] / GIB
                                         if pd.notna(win["mem_reserved_bytes"]) else None)
                 row["empty_reason"] = ""
+            elif cell.empty and (model, node_count) in planned:
+                row["empty_reason"] = plan_reason(planned[(model, node_count)])
             else:
                 row["empty_reason"] = empty_reason(cell, column)
             rows.append(row)

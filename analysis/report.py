@@ -42,7 +42,9 @@ def resolve_convention(runs: pd.DataFrame, convention: str) -> tuple[str, list[s
 
 
 def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_METRIC,
-                 convention: str = DEFAULT_CONVENTION) -> Report:
+                 convention: str = DEFAULT_CONVENTION, plan: pd.DataFrame | None = None) -> Report:
+    """Every figure and table of `runs` (runs.parquet) under `out_dir`; `plan` (plan.parquet,
+    optional) names why cells that never ran are empty."""
     out_dir = Path(out_dir)
     check_frame(runs.columns)
     if runs.empty:
@@ -53,7 +55,10 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
         notes.append(f"{int(unplaced.sum())} attempt(s) have no configuration (run.json missing or "
                      "invalid; see collect_issues) and are left out of every cell.")
     out_dir.mkdir(parents=True, exist_ok=True)
-    best = best_configs(runs, metric, convention)
+    if plan is not None and not {"model", "nodes", "status", "prune_rule"} <= set(plan.columns):
+        notes.append("plan.parquet lacks model/nodes/status/prune_rule columns: not used.")
+        plan = None
+    best = best_configs(runs, metric, convention, plan)
     flags = all_flags(runs, metric, convention)
     flagged = {(f.model, f.nodes) for f in flags if f.kind == "best-config-changes"}
     order = list(dict.fromkeys(best["model"]))

@@ -37,8 +37,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as error:
         raise UserError(f"{path}: not a readable Parquet file ({error})") from None
     out = args.out or path.parent / "report"
+    plan_path = path.parent / "plan.parquet"  # a sweep directory's plan: why cells never ran
+    plan = pd.read_parquet(plan_path) if plan_path.is_file() else None
     try:
-        report = write_report(runs, out, metric=args.metric, convention=args.convention)
+        report = write_report(runs, out, metric=args.metric, convention=args.convention, plan=plan)
     except ValueError as error:
         raise UserError(f"{path}: {error}") from None
     winners = int(report.best["run_id"].notna().sum())

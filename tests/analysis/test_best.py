@@ -104,3 +104,15 @@ def test_impossible_mfu_is_flagged(runs) -> None:
     broken.loc[broken.index[0], "mfu_full_attention"] = 1.7
     kinds = [f.kind for f in value_flags(broken)]
     assert "mfu-above-1" in kinds and "mfu-above-1" not in [f.kind for f in value_flags(runs)]
+
+
+def test_a_cell_the_planner_pruned_says_by_which_rules(runs) -> None:
+    plan = pd.DataFrame({"model": ["playbook-80b"] * 3 + ["playbook-8b"],
+                         "nodes": [1, 1, 2, 128],
+                         "status": ["pruned:memory", "pruned:memory", "pruned:pp_layers", "kept"],
+                         "prune_rule": ["memory", "memory", "pp_layers", None]})
+    best = best_configs(runs, plan=plan).set_index(["model", "nodes"])
+    assert best.loc[("playbook-80b", 1), "empty_reason"] == "not run: all 2 configurations pruned (memory 2)"
+    assert best.loc[("playbook-80b", 2), "empty_reason"] == "not run: all 1 configurations pruned (pp_layers 1)"
+    assert best.loc[("8B", 128), "empty_reason"] == "not run: 1 planned configuration(s) without an attempt"
+    assert best.loc[("1B", 1), "pp"] == 2  # cells that ran are unchanged
