@@ -3,8 +3,9 @@
 1. CPU: the watchdog supervises a run of `--duration` seconds (60 by default) whose launcher
    writes a step every 0.5 s plus 20 lines/s of log chatter. Measured twice: the built-in
    workload's metrics.jsonl path, and the torchtitan path where every log line goes through
-   the step parser. The figure is the watchdog process's own CPU time (/proc/<pid>/schedstat, ns resolution;
-   psutil ticks are 10 ms) between the first step and the last one, over that wall time.
+   the step parser. The figure is the watchdog process's own CPU time (/proc/<pid>/schedstat,
+   ns resolution; psutil ticks are 10 ms) between the first step and the last one, over that
+   wall time.
    Target: < 1 % of a core.
 2. Hang detection: the launcher writes 3 steps, then stops. Latency = time of the watchdog's
    `hang` event - time of the last step record; the target is at most the hang timeout + 5 s.
@@ -39,7 +40,8 @@ TITAN = ("[rank0]:[titan] 2025-03-12 11:10:21,511 - root - INFO - step: {step}  
          "memory:  1.41GiB(1.79%)  tps: 193,831  tflops: 18.36  mfu: 1.86%")
 LAUNCHER = """
 import json, os, sys, time
-steps, gap, titan, hang = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "titan", sys.argv[4] == "hang"
+steps, gap = int(sys.argv[1]), float(sys.argv[2])
+titan, hang = sys.argv[3] == "titan", sys.argv[4] == "hang"
 path = os.path.join(os.environ["SWEEP_ATTEMPT_DIR"], "metrics.jsonl")
 for step in range(1, steps + 1):
     for _ in range(int(gap * 20)):
@@ -55,7 +57,8 @@ if hang:
 
 
 def make_run(root: Path, framework: str, hang_timeout_s: int) -> tuple[Path, Path]:
-    config = RunConfig(sweep="bench", framework=framework, model=TINY, layout=Layout(dp=1, tp=1, pp=1),
+    config = RunConfig(sweep="bench", framework=framework, model=TINY,
+                       layout=Layout(dp=1, tp=1, pp=1),
                        nodes=1, gpus_per_node=1, gpu="cpu", dtype="fp32", seq_len=32,
                        global_batch_sequences=random.randrange(1, 1 << 30),  # a tag of its own
                        settings={"startup_timeout_s": 60, "hang_timeout_s": hang_timeout_s})
@@ -70,7 +73,8 @@ def supervise(root: Path, framework: str, steps: int, gap: float, hang: bool,
     script = root / "launcher.py"
     script.write_text(f"TITAN = {TITAN!r}\n" + LAUNCHER)
     argv = [sys.executable, "-m", "sweep.watchdog", "--run-dir", str(run_dir), "--attempt-dir",
-            str(attempt), "--node-wait-s", "0", "--shm-dir", str(root / "shm"), "--tmp-dir", str(root / "tmp"),
+            str(attempt), "--node-wait-s", "0", "--shm-dir", str(root / "shm"),
+            "--tmp-dir", str(root / "tmp"),
             "--", sys.executable, str(script), str(steps), str(gap),
             "titan" if framework == "torchtitan" else "plain", "hang" if hang else "done"]
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL)
@@ -101,15 +105,18 @@ def cpu_share(root: Path, framework: str, duration: float) -> float:
     t0, c0 = time.monotonic(), cpu_seconds(watchdog)
     while sum(1 for _ in read_jsonl(attempt / "metrics.jsonl")) < steps:
         if proc.poll() is not None:
-            raise SystemExit(f"{framework}: the watchdog exited early ({proc.returncode}); see {attempt}")
+            raise SystemExit(f"{framework}: the watchdog exited early ({proc.returncode}); "
+                             f"see {attempt}")
         time.sleep(0.25)
     t1, c1 = time.monotonic(), cpu_seconds(watchdog)
     proc.wait(timeout=120)
     status = json.loads((attempt / "status.json").read_text())
     if status["outcome"] != "completed" or status["last_step"] != steps:
-        raise SystemExit(f"{framework}: unexpected status {status['outcome']} / {status['last_step']}")
+        raise SystemExit(f"{framework}: unexpected status {status['outcome']} "
+                         f"/ {status['last_step']}")
     share = 100 * (c1 - c0) / (t1 - t0)
-    print(f"{framework:>10}: watchdog CPU {c1 - c0:.3f} s over {t1 - t0:.1f} s supervised = {share:.3f} % of one core")
+    print(f"{framework:>10}: watchdog CPU {c1 - c0:.3f} s over {t1 - t0:.1f} s supervised "
+          f"= {share:.3f} % of one core")
     return share
 
 
@@ -140,8 +147,10 @@ def main() -> None:
     print(f"cores={os.cpu_count()} load1={os.getloadavg()[0]:.2f} python={sys.version.split()[0]}")
     with tempfile.TemporaryDirectory(prefix="wd-bench-") as tmp:
         root = Path(tmp)
-        shares = {fw: cpu_share(root / f"cpu-{fw}", fw, args.duration) for fw in ("builtin", "torchtitan")}
-        latencies, stops = zip(*(hang_latency(root / f"hang-{i}", args.hang_timeout) for i in range(args.repeats)))
+        shares = {fw: cpu_share(root / f"cpu-{fw}", fw, args.duration)
+                  for fw in ("builtin", "torchtitan")}
+        hangs = [hang_latency(root / f"hang-{i}", args.hang_timeout) for i in range(args.repeats)]
+    latencies, stops = zip(*hangs)
     worst = max(latencies)
     print(f"cpu_pct_builtin={shares['builtin']:.3f} cpu_pct_torchtitan={shares['torchtitan']:.3f} "
           f"supervised_s={args.duration:.0f} hang_timeout_s={args.hang_timeout} "

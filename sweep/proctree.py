@@ -185,8 +185,8 @@ def stop_run(*, sid: int | None, owner: str, grace_s: float, kill_wait_s: float 
 
     New processes that appear meanwhile (a launcher that respawns) are caught by rescanning
     on every poll. With `reap_children`, exited children of ours are collected (a caller that
-    manages its own children, like a test, passes False); `on_reap` receives wait statuses of our own children reaped here (the
-    launcher among them), which the caller would otherwise lose.
+    manages its own children, like a test, passes False); `on_reap` receives their wait
+    statuses (the launcher's among them), which the caller would otherwise lose.
     """
     report = StopReport()
     started = time.monotonic()

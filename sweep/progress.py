@@ -76,7 +76,8 @@ class Progress:
                         new_steps.append(step)
         if new_steps:
             self.steps_seen += len(new_steps)
-            self.last_step = max(new_steps + ([self.last_step] if self.last_step is not None else []))
+            previous = [] if self.last_step is None else [self.last_step]
+            self.last_step = max(new_steps + previous)
             self.last_progress = time.monotonic()
         return len(new_steps)
 

@@ -123,8 +123,8 @@ def merge_nodes(attempt_dir: Path, own: dict[str, Any], others: dict[int, dict[s
         **own,
         "outcome": outcome, "reason": reason, "rule": rule, "evidence": lines,
         "exit_codes": exit_codes,
-        "last_step": max((r["last_step"] for r in present.values() if r.get("last_step") is not None),
-                         default=None),
+        "last_step": max((r["last_step"] for r in present.values()
+                          if r.get("last_step") is not None), default=None),
         "signals": sorted({s for o in observed.values() for s in o.get("signals", [])}),
         "started_at": min(r["started_at"] for r in present.values()),
         "ended_at": time.time(),

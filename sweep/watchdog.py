@@ -78,7 +78,8 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
     env = dict(os.environ if environ is None else environ)
     if not command:
         raise WatchdogError("no launcher command: put it after `--`, e.g. "
-                            "`python -m sweep.watchdog --run-dir R --attempt-dir A -- bash launch.sh`")
+                            "`python -m sweep.watchdog --run-dir R --attempt-dir A -- "
+                            "bash launch.sh`")
     try:
         run = runconfig.load(run_dir)
     except FileNotFoundError:
@@ -240,7 +241,8 @@ class Watchdog:
         verdict = decide({k: observed}, log_text(cfg.attempt_dir, [k]), cfg.expected_steps)
         record = self._node_record(verdict, observed, started_at)
         atomic_write_json(node_file(cfg.attempt_dir, k), record)
-        self.event("node_verdict", outcome=verdict.outcome, reason=verdict.reason, rule=verdict.rule)
+        self.event("node_verdict", outcome=verdict.outcome, reason=verdict.reason,
+                   rule=verdict.rule)
         if k == 0:
             others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, cfg.node_wait_s)
             status = merge_nodes(cfg.attempt_dir, record, others, cfg.nnodes, cfg.expected_steps)
@@ -346,7 +348,8 @@ class Watchdog:
         cfg = self.config
         return {
             "run_id": cfg.run_id, "attempt": cfg.attempt, "outcome": verdict.outcome,
-            "reason": verdict.reason, "rule": verdict.rule, "evidence": list(verdict.evidence_lines),
+            "reason": verdict.reason, "rule": verdict.rule,
+            "evidence": list(verdict.evidence_lines),
             "last_step": self.progress.last_step,
             "exit_codes": {f"node{cfg.node_index}": self.exit_code},
             "signals": observed["signals"], "started_at": started_at, "ended_at": time.time(),
@@ -357,13 +360,18 @@ class Watchdog:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sweep.watchdog", description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", type=Path, required=True, help="the run directory (holds run.json)")
+    parser = argparse.ArgumentParser(prog="python -m sweep.watchdog",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True,
+                        help="the run directory (holds run.json)")
     parser.add_argument("--attempt-dir", type=Path, required=True, help="attempts/<n> of the run")
-    parser.add_argument("--grace-s", type=float, default=10.0, help="SIGTERM -> SIGKILL after a hang or USR1")
-    parser.add_argument("--signal-grace-s", type=float, default=3.0, help="SIGTERM -> SIGKILL after TERM/INT")
+    parser.add_argument("--grace-s", type=float, default=10.0,
+                        help="SIGTERM -> SIGKILL after a hang or USR1")
+    parser.add_argument("--signal-grace-s", type=float, default=3.0,
+                        help="SIGTERM -> SIGKILL after TERM/INT or a failed peer node")
     parser.add_argument("--teardown-wait-s", type=float, default=15.0,
-                        help="when a failure is already logged at hang time, wait this long for the launcher to exit")
+                        help="when a failure is already logged at hang time, "
+                             "wait this long for the launcher to exit")
     parser.add_argument("--poll-s", type=float, default=0.5, help="how often progress is checked")
     parser.add_argument("--node-wait-s", type=float, default=30.0,
                         help="how long node 0 waits for the other nodes' verdicts")

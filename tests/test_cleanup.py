@@ -26,7 +26,8 @@ def test_only_tagged_processes_of_a_dead_watchdog_are_stale() -> None:
     other_live = proctree.owner_marker(os.getppid())
     dead = "999999999:1"  # no such pid
     procs = [proc(10, owner=dead), proc(11, owner=other_live), proc(12, owner=None),
-             proc(13, owner=dead, uid=os.getuid() + 1), proc(14, owner=me), proc(15, tag=None, owner=dead),
+             proc(13, owner=dead, uid=os.getuid() + 1), proc(14, owner=me),
+             proc(15, tag=None, owner=dead),
              proc(16, owner=dead, state="Z")]
     stale, keep = cleanup.classify_tagged(procs, me=me, uid=os.getuid())
     assert [p.pid for p in stale] == [10]
@@ -50,7 +51,8 @@ def _old(path: Path, age_s: float = 3600) -> Path:
     return path
 
 
-def test_debris_goes_when_ours_old_and_unused(tmp_path: Path, holder: list[subprocess.Popen[bytes]]) -> None:
+def test_debris_goes_when_ours_old_and_unused(tmp_path: Path,
+                                              holder: list[subprocess.Popen[bytes]]) -> None:
     shm, tmp = tmp_path / "shm", tmp_path / "tmp"
     shm.mkdir()
     tmp.mkdir()

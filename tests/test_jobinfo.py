@@ -40,7 +40,7 @@ def test_the_oom_counter_of_this_process_cgroup_is_readable() -> None:
 
 
 def test_a_kernel_oom_kill_in_the_jobs_cgroup_is_oom(tmp_path: Path, memcg: Path) -> None:
-    """As under Slurm --mem: the kernel SIGKILLs the rank, the log says nothing, the counter does."""
+    """As under Slurm --mem: the kernel SIGKILLs the rank; the log is silent, the counter is not."""
     run = Run(tmp_path)
     launcher = run.python("steps(1)\nhog = bytearray(512 << 20)\nsteps(1, start=2)")
     watchdog = " ".join(run.argv(launcher))

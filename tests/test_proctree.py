@@ -83,19 +83,23 @@ def test_stop_run_kills_the_session_and_the_escaped_and_the_stubborn(
     leader = subprocess.Popen(["bash", "-c", script], env=env, start_new_session=True)
     started.append(leader)
     wait_until(lambda: len(proctree.run_members(proctree.snapshot(), sid=None, owner=owner)) >= 3)
-    members = {p.pid for p in proctree.run_members(proctree.snapshot(), sid=leader.pid, owner=owner)}
+    def members() -> list[proctree.ProcInfo]:
+        return proctree.run_members(proctree.snapshot(), sid=leader.pid, owner=owner)
+
+    before = {p.pid for p in members()}
 
     report = proctree.stop_run(sid=leader.pid, owner=owner, grace_s=0.5, reap_children=False)
 
     assert report.survivors == []
     assert leader.pid in report.terminated and leader.pid in report.killed
     assert len(report.escaped) == 1
-    assert not any(proctree.alive(pid) for pid in members | set(report.escaped))
-    assert all(p.zombie for p in proctree.run_members(proctree.snapshot(), sid=leader.pid, owner=owner))
+    assert not any(proctree.alive(pid) for pid in before | set(report.escaped))
+    assert all(p.zombie for p in members())
     assert 0.5 <= report.seconds < 8
 
 
-def test_stop_run_is_quick_when_the_tree_obeys_sigterm(started: list[subprocess.Popen[bytes]]) -> None:
+def test_stop_run_is_quick_when_the_tree_obeys_sigterm(
+        started: list[subprocess.Popen[bytes]]) -> None:
     leader = subprocess.Popen(["sleep", "300"], start_new_session=True)
     started.append(leader)
     report = proctree.stop_run(sid=leader.pid, owner="0:0", grace_s=5, reap_children=False)

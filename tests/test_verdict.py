@@ -51,32 +51,37 @@ def test_a_hang_the_watchdog_saw_beats_the_crashes_its_sigterm_caused(tmp_path: 
 
 
 def test_a_term_that_followed_another_nodes_failure_is_not_a_cancel(tmp_path: Path) -> None:
-    write_log(tmp_path, 1, "err", 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
-              "RuntimeError: rank 1 died")
+    write_log(tmp_path, 1, "err", "Traceback (most recent call last):\n"
+              '  File "x.py", line 1, in <module>\nRuntimeError: rank 1 died')
     failed = node_record(1, observed())
     termed = node_record(0, observed(exit_code=-15, signals=["TERM"],
                                      signal_times=[failed["ended_at"] + 1]))
     status = merge_nodes(tmp_path, termed, {1: failed}, 2, None)
     assert (status["outcome"], status["evidence"], status["signals"]) == \
         ("crashed", ["RuntimeError: rank 1 died"], [])
-    cancelled = node_record(0, observed(exit_code=-15, signals=["TERM"], signal_times=[time.time() - 60]))
+    cancelled = node_record(0, observed(exit_code=-15, signals=["TERM"],
+                                        signal_times=[time.time() - 60]))
     assert merge_nodes(tmp_path, cancelled, {1: failed}, 2, None)["outcome"] == "cancelled"
 
 
-def test_a_node_without_a_file_is_a_node_failure_unless_slurm_stopped_the_job(tmp_path: Path) -> None:
+def test_a_node_without_a_file_is_a_node_failure_unless_slurm_stopped_the_job(
+        tmp_path: Path) -> None:
     write_log(tmp_path, 0, "err", PEER_LINE)
     status = merge_nodes(tmp_path, node_record(0, observed()), {1: None}, 2, None)
     assert (status["outcome"], status["missing_nodes"]) == ("node_fail", ["node1"])
     assert status["evidence"][0] == "node1 wrote no node1.json"
-    assert status["exit_codes"] == {"node0": 1, "node1": None} and status["nodes"] == ["host0", None]
+    assert status["exit_codes"] == {"node0": 1, "node1": None}
+    assert status["nodes"] == ["host0", None]
     timed_out = node_record(0, observed(exit_code=-15, signals=["USR1"]))
     assert merge_nodes(tmp_path, timed_out, {1: None}, 2, None)["outcome"] == "timeout"
 
 
 def test_exit_0_short_of_the_step_budget_is_not_completed(tmp_path: Path) -> None:
     write_log(tmp_path, 0, "out", "bye")
-    early = decide({0: observed(exit_code=0, last_step=3)}, log_text(tmp_path, [0]), expected_steps=10)
-    done = decide({0: observed(exit_code=0, last_step=10, summary_written=True)}, "", expected_steps=10)
+    early = decide({0: observed(exit_code=0, last_step=3)}, log_text(tmp_path, [0]),
+                   expected_steps=10)
+    done = decide({0: observed(exit_code=0, last_step=10, summary_written=True)}, "",
+                  expected_steps=10)
     assert early.outcome == "crashed" and done.outcome == "completed"
 
 

@@ -1,4 +1,4 @@
-"""The watchdog around real torch.distributed ranks (gloo on CPU) under torchrun: the issue's checks."""
+"""The watchdog around real torch.distributed ranks (gloo on CPU) under torchrun."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def gloo_run(tmp_path: Path) -> Iterator[Run]:
 
 
 @pytest.mark.slow
-def test_gloo_a_rank_that_stops_calling_collectives_is_a_hang_and_nothing_survives(gloo_run: Run) -> None:
+def test_gloo_a_rank_that_stops_calling_collectives_is_a_hang_and_nothing_survives(
+        gloo_run: Run) -> None:
     run = gloo_run
     proc = run.start(torchrun(run, "hang"))
     proc.communicate(timeout=120)
@@ -81,7 +82,8 @@ def test_gloo_a_rank_that_stops_calling_collectives_is_a_hang_and_nothing_surviv
 
 
 @pytest.mark.slow
-def test_gloo_a_rank_past_its_address_space_limit_is_oom_with_the_allocator_line(gloo_run: Run) -> None:
+def test_gloo_a_rank_past_its_address_space_limit_is_oom_with_the_allocator_line(
+        gloo_run: Run) -> None:
     run = gloo_run
     proc = run.start(torchrun(run, "oom"))
     proc.communicate(timeout=120)
@@ -104,7 +106,8 @@ def test_gloo_a_rank_that_raises_is_crashed_with_its_traceback_line(gloo_run: Ru
 
 
 @pytest.mark.slow
-def test_gloo_when_torchrun_is_sigkilled_its_workers_are_found_by_tag_and_killed(gloo_run: Run) -> None:
+def test_gloo_when_torchrun_is_sigkilled_its_workers_are_found_by_tag_and_killed(
+        gloo_run: Run) -> None:
     run = gloo_run
     proc = run.start(torchrun(run, "train"))
     wait_for_step(run, timeout=60)

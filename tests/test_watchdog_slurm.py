@@ -41,8 +41,9 @@ def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
     script = run.root / "job.sbatch"
     script.write_text(JOB.format(signal=signal_option, python=sys.executable, run_dir=run.run_dir,
                                  attempt=run.attempt, launcher=launcher[1]))
-    job_id = subprocess.run(["sbatch", "--parsable", f"--chdir={REPO}", f"--output={run.root}/job.out",
-                             str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    sbatch = ["sbatch", "--parsable", f"--chdir={REPO}", f"--output={run.root}/job.out",
+              str(script)]
+    job_id = subprocess.run(sbatch, capture_output=True, text=True, check=True).stdout.strip()
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
@@ -63,7 +64,8 @@ def test_slurm_the_usr1_before_the_time_limit_is_a_timeout(run: Run) -> None:
     status = run.status
     assert (status["outcome"], status["signals"]) == ("timeout", ["USR1"]), status
     assert status["slurm_job_id"] and status["last_step"] >= 1
-    assert state == "COMPLETED" or state.startswith("FAILED")  # the job ended itself, before the limit
+    # the job ended by itself, before the limit
+    assert state == "COMPLETED" or state.startswith("FAILED")
     assert run.survivors() == []
 
 

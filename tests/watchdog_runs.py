@@ -81,7 +81,8 @@ class Run:
         return status
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        return [e for e in read_jsonl(self.attempt / "watchdog.jsonl") if kind in (None, e["event"])]
+        events = read_jsonl(self.attempt / "watchdog.jsonl")
+        return [e for e in events if kind in (None, e["event"])]
 
     def survivors(self) -> list[proctree.ProcInfo]:
         return [p for p in proctree.snapshot() if p.tag == self.tag and not p.zombie]
