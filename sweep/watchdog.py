@@ -244,7 +244,11 @@ class Watchdog:
         self.event("node_verdict", outcome=verdict.outcome, reason=verdict.reason,
                    rule=verdict.rule)
         if k == 0:
-            others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, cfg.node_wait_s)
+            # After a TERM, Slurm sends KILL after KillWait (5-30 s): do not wait long for a
+            # node that may be gone; sacct decides if status.json never gets written.
+            terminated = bool(self._signal_names() - {"USR1"})
+            wait_s = min(cfg.node_wait_s, cfg.signal_grace_s) if terminated else cfg.node_wait_s
+            others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, wait_s)
             status = merge_nodes(cfg.attempt_dir, record, others, cfg.nnodes, cfg.expected_steps)
             atomic_write_json(cfg.attempt_dir / STATUS_FILE, status)
             self.event("status", outcome=status["outcome"], reason=status["reason"],

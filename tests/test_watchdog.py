@@ -246,3 +246,16 @@ def test_a_launcher_that_cannot_start_is_crashed(run: Run) -> None:
     assert done.returncode == 127
     assert (run.status["outcome"], run.status["reason"]) == ("crashed", "launcher_failed_to_start")
     assert "no-such-launcher" in json.dumps(run.status["evidence"])
+
+
+def test_after_a_term_node0_does_not_wait_long_for_a_missing_node(tmp_path: Path) -> None:
+    """Slurm sends KILL KillWait seconds after TERM: status.json must be written before that."""
+    run = Run(tmp_path, nodes=2)
+    proc = run.start(run.python("steps(10000, gap=0.1)"), "--node-wait-s", "60",
+                     env={"SLURM_NNODES": "2", "SLURM_NODEID": "0"})
+    wait_for_step(run)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert time.monotonic() - sent < 5  # signal grace (1 s) + the short wait, not 60 s
+    assert (run.status["outcome"], run.status["missing_nodes"]) == ("cancelled", ["node1"])
