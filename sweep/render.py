@@ -140,21 +140,43 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+class RunResolver:
+    """Plan rows → RunConfigs for one spec. The identity comes from the planner
+    (`space.run_config`, so run ids agree); the spec hash is computed once and the run settings
+    once per distinct combination of the columns that overrides test."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.spec_hash = spec.spec_hash()
+        self.models = {shape.name for shape in spec.model_shapes}
+        self.override_keys = sorted({k for o in spec.overrides for k in o.where})
+        self._settings: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def settings(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        key = tuple(row.get(k) for k in self.override_keys)
+        if key not in self._settings:
+            self._settings[key] = self.spec.run_settings_for(dict(row)).model_dump(mode="json")
+        return self._settings[key]
+
+    def __call__(self, row: Mapping[str, Any]) -> RunConfig:
+        if str(row.get("model")) not in self.models:
+            raise RenderError(f"plan row names model {row.get('model')!r}, which the spec does "
+                              f"not list ({sorted(self.models)}); re-run `sweep plan`")
+        try:
+            config = space.run_config(self.spec, row, with_settings=False)
+        except KeyError as error:
+            raise RenderError(f"plan rows lack the column {error}; re-run `sweep plan`") from None
+        predicted = {k: float(v) for k, v in row.items()
+                     if k.startswith("mem_") and isinstance(v, (int, float))
+                     and not isinstance(v, bool) and v == v and v >= 0}
+        return replace(config, settings=self.settings(row), spec_hash=self.spec_hash,
+                       predicted=predicted)
+
+
 def run_config(spec: Spec, row: Mapping[str, Any]) -> RunConfig:
-    """The resolved configuration of one plan row: the planner's (so run ids agree), plus the
-    planner's memory prediction (`mem_*` columns) as `predicted`."""
-    names = {shape.name for shape in spec.model_shapes}
-    if str(row.get("model")) not in names:
-        raise RenderError(f"plan row names model {row.get('model')!r}, which the spec does not "
-                          f"list ({sorted(names)}); re-run `sweep plan`")
-    try:
-        config = space.run_config(spec, row)
-    except KeyError as error:
-        raise RenderError(f"plan rows lack the column {error}; re-run `sweep plan`") from None
-    predicted = {k: float(v) for k, v in row.items()
-                 if k.startswith("mem_") and isinstance(v, (int, float))
-                 and not isinstance(v, bool) and v == v and v >= 0}
-    return replace(config, predicted=predicted) if predicted else config
+    """The resolved configuration of one plan row (overrides applied, memory prediction from
+    the plan's `mem_*` columns as `predicted`)."""
+    return RunResolver(spec)(row)
 
 
 def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -210,7 +232,6 @@ def write_if_changed(path: Path, text: str, durable: bool = True) -> bool:
     if durable:
         atomic_write_text(path, text)
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -219,7 +240,10 @@ def write_if_changed(path: Path, text: str, durable: bool = True) -> bool:
 
 
 def write_run(run_dir: Path, files: Mapping[str, str]) -> int:
-    """Bring one run folder to exactly these files; returns how many were (re)written."""
+    """Bring one run folder to exactly these files (stale launch files go); returns how many
+    were (re)written."""
+    (run_dir / LAUNCH_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / ATTEMPTS_DIR).mkdir(exist_ok=True)  # Slurm's --output goes here
     written = sum(write_if_changed(run_dir / rel, text, durable=rel == RUN_FILE)
                   for rel, text in files.items())
     launch = run_dir / LAUNCH_DIR
@@ -230,7 +254,6 @@ def write_run(run_dir: Path, files: Mapping[str, str]) -> int:
     job = run_dir / JOB_FILE
     if job.stat().st_mode & 0o777 != 0o755:
         job.chmod(0o755)
-    (run_dir / ATTEMPTS_DIR).mkdir(exist_ok=True)  # Slurm's --output goes here
     return written
 
 
@@ -253,17 +276,21 @@ def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
                           "use a sweep folder whose path has only letters, digits and ._-/+=@,")
     env = make_environment(resolve_templates_dir(spec, spec_dir))
     launch_names = launch_templates(env, spec.framework)
+    resolve = RunResolver(spec)
     rendered: dict[Path, dict[str, str]] = {}
     for row in kept_rows(plan_df):
-        config = run_config(spec, row)
+        config = resolve(row)
         run_dir = out / RUNS_DIR / config.run_id
         if run_dir in rendered:
             raise RenderError(f"two plan rows resolve to the same run {config.run_id} "
                               f"(the second: {row}); the plan has duplicate rows")
         rendered[run_dir] = render_files(env, config, run_dir, launch_names)
-    # Writes are fsync-bound; in parallel, the file system commits many of them at once.
+    for run_dir, files in rendered.items():
+        write_run(run_dir, {rel: text for rel, text in files.items() if rel != RUN_FILE})
+    # run.json writes are fsync-bound: in parallel, the file system commits many at once.
     with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
-        list(pool.map(write_run, rendered, rendered.values()))
+        list(pool.map(write_if_changed, (d / RUN_FILE for d in rendered),
+                      (files[RUN_FILE] for files in rendered.values())))
     return list(rendered)
 
 
