@@ -411,7 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"watchdog: cannot write the attempt folder {config.attempt_dir} ({exc.strerror}); "
               f"--attempt-dir must be a writable runs/<run_id>/attempts/<n>", file=sys.stderr)
         return 2
-    return Watchdog(config).run()
+    try:
+        watchdog = Watchdog(config)
+    except ValueError as exc:  # no step parser for the run's framework
+        print(f"watchdog: {config.run_dir}/run.json: {exc}", file=sys.stderr)
+        return 2
+    return watchdog.run()
 
 
 if __name__ == "__main__":
