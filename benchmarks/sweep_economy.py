@@ -49,7 +49,7 @@ def replay_row(name: str, replay, candidates, outcomes, strategy: str, workloads
 def main() -> None:
     spec = load_spec(REPO / "examples" / "playbook.yaml")
     workloads = workloads_for(spec)
-    print(f"{"replay":<46}{'strategy':<11}{'runs':>7}{'GPU-h':>8}{'cells':>9}{'regret':>8}"
+    print(f"{'replay':<46}{'strategy':<11}{'runs':>7}{'GPU-h':>8}{'cells':>9}{'regret':>8}"
           f"{'badskip':>6}{'time':>8}")
     heads: dict[str, dict[str, float]] = {}
     for file in ("playbook_runs_1B_8B.csv", "playbook_bench_full_1B_8B.csv"):

@@ -20,10 +20,12 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    all-gather (ZeRO-1/2), plus per-micro-batch gathers (ZeRO-3). θ = exposed part.
                    ``dp_comm_inter``: the same for DP groups that span nodes.
 - ``pp_comm``      (m + pp − 1) · 2 point-to-point activation transfers. θ = exposed fraction.
-- ``latency``      latency steps (1 + log2 n per collective; DP per 25 MB bucket; one per p2p
-                   message) inside a node: θ = α, seconds per step. ``latency_inter``: across
-                   nodes, times the congestion factor. ``p2p_inter``: pipeline messages across
-                   nodes, times the congestion factor.
+- ``latency``      latency steps on the critical path (1 + log2 n per per-layer collective; one
+                   per p2p message and TP rank) inside a node: θ = α, seconds per step.
+                   ``latency_inter``: per-layer collectives across nodes, times the congestion
+                   factor. ``p2p_inter``: pipeline messages across nodes, one per TP rank (each
+                   rank of a stage sends its own shard), times the congestion factor.
+- ``dp_latency``   latency steps of the gradient buckets (25 MB each), overlapped like dp_comm.
 - ``slot_sync``    (m + pp − 1) · (nodes − 1): a per-micro-batch cost that grows with the job.
 - ``optimizer``    parameters updated per GPU (after ZeRO sharding): θ = seconds per parameter.
 - ``step_overhead`` 1: θ = fixed seconds per step.
@@ -51,7 +53,7 @@ from sweep.model import ModelShape, count_parameters
 
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
-                   "slot_sync", "optimizer", "step_overhead")
+                   "dp_latency", "slot_sync", "optimizer", "step_overhead")
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
@@ -74,6 +76,7 @@ class Coefficients:
     latency: float = 1.0e-5           # 10 µs per latency step inside a node
     latency_inter: float = 2.0e-5     # 20 µs per step across nodes
     p2p_inter: float = 5.0e-5         # a pipeline send/recv pair across nodes
+    dp_latency: float = 2.0e-6        # per latency step of a gradient bucket, mostly overlapped
     slot_sync: float = 2.0e-5         # a small collective over every node, per micro-batch
     optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
     step_overhead: float = 0.05
@@ -242,11 +245,12 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     dp_g = _group(replicas, tp * cp, work, gamma)
     rs = _ring_time(replicas, grad_bytes, dp_g.bandwidth)
     ag = _ring_time(replicas, param_bytes, dp_g.bandwidth)
+    buckets = np.ceil(grad_bytes / work.bucket_bytes)
+    # DP latency (per bucket) overlaps with the backward pass: a term of its own.
+    dp_steps = np.where(replicas > 1, np.where(zero == 3, 3 * m, 2) * buckets
+                        * _steps(replicas), 0.0)
     dp_intra, dp_inter = dp_g.split(np.select([zero == 0, zero == 3], [2 * rs, m * (rs + 2 * ag)],
                                               rs + ag))
-    buckets = np.ceil(grad_bytes / work.bucket_bytes)
-    dp_hops = dp_g.split(np.where(replicas > 1, np.where(zero == 3, 3 * m, 2) * buckets
-                                  * _steps(replicas), 0.0))
 
     # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.
     p2p_bytes = np.where(sp, act_bytes / tp, act_bytes)
@@ -259,14 +263,15 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # Latency: ring hops of every collective; inter-node hops slow down with scale like bandwidth.
     nodes = np.maximum(1.0, world_size(frame) / work.gpus_per_node)
     congestion = nodes ** gamma
-    latency = per_layer * (tp_hops[0] + cp_hops[0] + ep_hops[0]) + dp_hops[0] + pp_hops[0]
-    latency_inter = (per_layer * (tp_hops[1] + cp_hops[1] + ep_hops[1]) + dp_hops[1]) * congestion
+    latency = per_layer * (tp_hops[0] + cp_hops[0] + ep_hops[0]) + pp_hops[0] * tp
+    latency_inter = per_layer * (tp_hops[1] + cp_hops[1] + ep_hops[1]) * congestion
     optimizer = np.where(zero >= 1, shard / replicas, shard)
     columns = {
         "compute": compute, "layer_passes": passes, "layer_comm": layer_comm,
         "layer_comm_inter": layer_comm_inter, "dp_comm": dp_intra, "dp_comm_inter": dp_inter,
         "pp_comm": pp_comm, "latency": latency, "latency_inter": latency_inter,
-        "p2p_inter": pp_hops[1] * congestion,
+        "p2p_inter": pp_hops[1] * tp * congestion,
+        "dp_latency": dp_steps * np.where(dp_g.inter, congestion, 1.0),
         "slot_sync": slots * (nodes - 1.0),
         "optimizer": optimizer, "step_overhead": one,
     }
