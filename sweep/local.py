@@ -19,6 +19,7 @@ is to run the very bash script a cluster runs, with Slurm's environment and sign
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -27,8 +28,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -170,7 +172,7 @@ class LocalBackend:
         queue = [self._job(Path(d)) for d in run_dirs]
         running: list[_Job] = []
         results: list[LocalResult] = []
-        with tempfile.TemporaryDirectory(prefix="sweep-local-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="sweep-local-") as tmp, _term_raises():
             shims = write_shims(Path(tmp) / "bin")
             try:
                 while queue or running:
@@ -346,6 +348,22 @@ class LocalBackend:
         if self.on_finish:
             self.on_finish(result)
         return result
+
+
+@contextlib.contextmanager
+def _term_raises() -> Iterator[None]:
+    """SIGTERM raises SystemExit, so that `run` cancels its jobs (they run in sessions of their
+    own, so nothing else would stop them)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -205,3 +205,26 @@ def test_the_example_sweep_runs_end_to_end_through_watchdog_and_workload(
                        (result.attempt_dir / "metrics.jsonl").read_text().splitlines()]
             assert records[-1]["kind"] == "summary" and records[-1]["world_size"] == 2
             assert records[-1]["steps"] == 6 and records[-1]["tokens_per_sec"] > 0
+
+
+def test_terminating_the_backend_cancels_its_jobs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    run_dir = run_with_script(tmp_path, """
+        srun bash -c 'echo $$ > "$SWEEP_ATTEMPT_DIR/task_pid"; sleep 120'
+        """)
+    backend = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from sweep import local; "
+        f"local.LocalBackend(slots=2, kill_wait_s=1).run([{str(run_dir)!r}])")])
+    pid_file = run_dir / "attempts" / "1" / "task_pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    task = int(pid_file.read_text())
+    backend.send_signal(signal.SIGTERM)
+    assert backend.wait(timeout=30) == 128 + signal.SIGTERM
+    record = json.loads((run_dir / "attempts" / "1" / local.ACCOUNTING_FILE).read_text())
+    assert record["State"] == "CANCELLED"
+    time.sleep(0.3)
+    assert not psutil.pid_exists(task) or psutil.Process(task).status() == "zombie"

@@ -185,3 +185,18 @@ def test_a_sweep_folder_that_sbatch_lines_cannot_carry_is_refused(tmp_path: Path
 def test_plan_rows_for_unknown_models_are_refused(tmp_path: Path) -> None:
     with pytest.raises(render.RenderError, match="does not list"):
         render.render_runs(parse_spec(SPEC), plan(row("playbook-8b")), tmp_path)
+
+
+def test_sweep_render_writes_the_kept_runs_of_a_spec(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from sweep.cli import main
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("overrides:", "axes: {tp: [1], pp: [1], mbs: [1], zero_stage: [0]}\noverrides:"))
+    assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 0
+    dirs = sorted((tmp_path / "sweep" / "runs").iterdir())
+    assert len(dirs) == 4  # two models x one and two nodes, DP only
+    assert f"rendered 4 run(s) of 4 candidate(s) into {tmp_path / 'sweep' / 'runs'}" in \
+        capsys.readouterr().out
+    assert main(["render", str(spec), "--out", str(tmp_path / "bad dir")]) == 2
+    assert "--out:" in capsys.readouterr().err
