@@ -6,7 +6,6 @@ from our own sweeps and from imported published runs.
 
 from __future__ import annotations
 
-import collections
 import html
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,12 +126,12 @@ th:first-child,td:first-child{text-align:left}
 
 def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, flags: list[Flag],
                 ranked: str, convention: str, notes: list[str]) -> str:
-    outcomes = collections.Counter(runs["outcome"])
-    sources = ", ".join(sorted(set(runs["source"].dropna())))
-    sweeps = ", ".join(sorted(set(runs["sweep"].dropna()))) or "sweep"
-    summary = (f"{len(runs)} attempts ({', '.join(f'{n} {k}' for k, n in outcomes.most_common())}) "
+    outcomes = runs["outcome"].value_counts()  # whole-column operations: 4,000 rows stay cheap
+    sources = ", ".join(sorted(runs["source"].dropna().unique()))
+    sweeps = ", ".join(sorted(runs["sweep"].dropna().unique())) or "sweep"
+    summary = (f"{len(runs)} attempts ({', '.join(f'{n} {k}' for k, n in outcomes.items())}) "
                f"from {sources}. Cells ranked by {ranked}. MFU divides by the peak FLOP/s per GPU: "
-               f"{', '.join(sorted(set(runs['peak_flops_source'].dropna()))) or 'none known'} "
+               f"{', '.join(sorted(runs['peak_flops_source'].dropna().unique())) or 'none known'} "
                "(catalog = the dense peak of the GPU and dtype; measured = a matmul on this CPU).")
     failure_table = counts.reset_index().rename(columns={"model_label": "model"})
     return _TEMPLATE.render(
