@@ -196,7 +196,12 @@ def test_sweep_render_writes_the_kept_runs_of_a_spec(tmp_path: Path,
     assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 0
     dirs = sorted((tmp_path / "sweep" / "runs").iterdir())
     assert len(dirs) == 4  # two models x one and two nodes, DP only
-    assert f"rendered 4 run(s) of 4 candidate(s) into {tmp_path / 'sweep' / 'runs'}" in \
-        capsys.readouterr().out
+    assert "rendered 4 run(s) of 4 candidate(s) from a new plan" in capsys.readouterr().out
+    assert (tmp_path / "sweep" / "plan.parquet").is_file()
+    assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 0
+    assert f"from plan {tmp_path / 'sweep' / 'plan.parquet'}" in capsys.readouterr().out
+    spec.write_text(spec.read_text().replace("steps: 4", "steps: 5"))  # another spec hash
+    assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 2
+    assert "holds runs of another spec" in capsys.readouterr().err
     assert main(["render", str(spec), "--out", str(tmp_path / "bad dir")]) == 2
     assert "--out:" in capsys.readouterr().err
