@@ -455,11 +455,15 @@ def _job_hint(attempt_dir: Path) -> str | None:
 
 
 def read_runs(path: str | Path) -> pa.Table | None:
-    """A previous runs.parquet, or None when absent or from another schema version."""
+    """A previous runs.parquet to reuse rows from; None when absent, unreadable (a crash while
+    writing it) or from another schema version: then every row is computed again."""
     path = Path(path)
     if not path.exists():
         return None
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException):
+        return None
     meta = table.schema.metadata or {}
     if meta.get(b"llm_sweep_schema_version") != str(SCHEMA_VERSION).encode():
         return None

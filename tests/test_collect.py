@@ -220,6 +220,9 @@ def test_sweep_collect_command_writes_runs_parquet(tmp_path, capsys) -> None:
     assert "1 attempt" in capsys.readouterr().out
     assert main(["collect", str(tmp_path)]) == 0  # again: reused, same file content
     assert pq.read_table(tmp_path / "runs.parquet").equals(table)
+    (tmp_path / "runs.parquet").write_bytes(b"PAR1 torn")  # a crash mid-write: start afresh
+    assert main(["collect", str(tmp_path)]) == 0
+    assert pq.read_table(tmp_path / "runs.parquet").num_rows == 1
     assert main(["collect", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
 
