@@ -48,7 +48,8 @@ class Params:
     min_margin: float = 0.05   # ... but never less optimistic than this
     max_rounds: int = 200
     min_fit_runs: int = 8      # completed runs before the model is refitted
-    min_cell_runs: int = 32    # runs launched in a cell before it may close
+    min_cell_runs: int = 32    # runs launched in a cell before it may close ...
+    min_cell_frac: float = 0.25  # ... or this share of its candidates, if smaller (at least 3)
     fit_iterations: int = 800
     failed_is_oom: bool = False  # treat an unclassified failure like an OOM in the skip rules
 
@@ -266,6 +267,7 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     cols = [c for c in FAMILY if c in state.candidates]
     family = state.cells + "|" + state.candidates[cols].astype(str).agg("|".join, axis=1)
     closed: dict[str, int] = {}
+    sizes = state.cells.value_counts()
     round_no = 0
     while round_no < p.max_rounds:
         done = pd.Index([r["candidate"] for r in state.launched])
@@ -281,7 +283,8 @@ def _adaptive(state: _State, model: Predictor) -> Search:
         for cell, ids in open_untried.groupby(state.cells[open_untried].to_numpy()).items():
             measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
             runs = int((state.cells[done] == cell).sum())
-            if (len(measured) and runs >= p.min_cell_runs
+            needed = min(p.min_cell_runs, max(3, int(np.ceil(p.min_cell_frac * sizes[cell]))))
+            if (len(measured) and runs >= needed
                     and optimistic[ids].max() <= measured.max() * (1 + p.epsilon)):
                 closed[str(cell)] = round_no
                 continue

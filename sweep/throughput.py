@@ -117,10 +117,17 @@ class Workload:
     grad_reduce_bytes: int = 4
     bucket_bytes: float = 25e6
     flops_convention: str = DEFAULT_CONVENTION
+    # A device without a catalogue peak (CPU runs) uses a nominal one; the fitted `compute`
+    # coefficient absorbs the scale, and MFU is not predicted.
+    nominal_peak: float = 1e11
 
     @property
     def peak(self) -> float:
-        return self.gpu.dense_peak(self.dtype)
+        return self.gpu.peak_flops.get(self.dtype, self.nominal_peak)
+
+    @property
+    def has_peak(self) -> bool:
+        return self.dtype in self.gpu.peak_flops
 
 
 def _column(frame: pd.DataFrame, name: str, default: float | str | bool) -> np.ndarray:
@@ -302,7 +309,7 @@ def predict(frame: pd.DataFrame, work: Workload, coeffs: Coefficients = Coeffici
     out.insert(0, "pred_step_time_s", step)
     out.insert(1, "pred_tokens_per_s_per_gpu", tps_gpu)
     fpt = flops_per_token(work.shape, work.seq_len, work.flops_convention)
-    out.insert(2, "pred_mfu", tps_gpu * fpt / work.peak)
+    out.insert(2, "pred_mfu", tps_gpu * fpt / work.peak if work.has_peak else np.nan)
     return out
 
 

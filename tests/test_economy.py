@@ -211,3 +211,27 @@ def test_progress_accounts_for_every_candidate_of_every_cell() -> None:
     best = outcomes.loc[result.launched.candidate].groupby(
         candidates.nodes[result.launched.candidate].to_numpy()).tokens_per_s_per_gpu.max()
     assert np.allclose(table.best_tokens_per_s_per_gpu.to_numpy(), best.to_numpy())
+
+
+def test_planner_rows_go_straight_into_a_search() -> None:
+    """The thin interface to `sweep.space.plan`: its kept rows are the candidates."""
+    from sweep.calibrate import workloads_for
+    from sweep.space import plan
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("name: tiny\nframework: nanotron\ngpu: h100-sxm\nmodels: [playbook-1b]\n"
+                      "nodes: [1, 2, 4]\nseq_len: 4096\nglobal_batch: {sequences: 256}\n"
+                      "axes: {mbs: [1, 2, 4, 8], zero_stage: [0, 1]}\n")
+    frame = plan(spec)
+    kept = frame[frame.status == "kept"]
+    workloads = workloads_for(spec)
+    truth = Coefficients(compute=2.0, layer_passes=3e-4, step_overhead=0.1)
+    tps = predict(kept, workloads["playbook-1b"], truth)["pred_tokens_per_s_per_gpu"]
+    noise = np.exp(np.random.default_rng(1).normal(0, 0.03, len(kept)))
+    outcomes = pd.DataFrame({"status": "completed", "tokens_per_s_per_gpu": tps * noise,
+                             "gpu_hours": 1.0}, index=kept.index)
+    result = search(kept, outcomes, "adaptive", workloads)
+    headline, table = score(result, outcomes, kept, len(kept), float(len(kept)))
+    assert headline["cells_total"] == 3
+    assert headline["cells_within_2pct"] == 3, table
+    assert headline["runs_launched"] < 0.6 * len(kept)

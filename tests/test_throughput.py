@@ -131,3 +131,11 @@ def test_coefficients_round_trip_and_reject_unknown_names() -> None:
     assert Coefficients.from_dict(c.to_dict()) == c
     with pytest.raises(ValueError, match="unknown coefficient"):
         Coefficients.from_dict({"computee": 1.0})
+
+
+def test_a_device_without_a_catalogue_peak_gets_times_but_no_mfu() -> None:
+    """CPU runs: the built-in workload measures its peak at run time, the catalog has none."""
+    work = Workload(get_model("tiny-4l"), 128, get_gpu("cpu"), dtype="fp32", gpus_per_node=2)
+    out = predict(rows({"dp": 2, "mbs": 2, "grad_acc": 2}, {"dp": 1, "tp": 2, "mbs": 2,
+                                                             "grad_acc": 4}), work)
+    assert (out.pred_step_time_s > 0).all() and out.pred_mfu.isna().all()
