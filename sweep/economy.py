@@ -7,11 +7,13 @@ for outcomes in rounds and records every candidate it did not run, with the reas
 - ``pruned``: ascending micro-batch per layout, with OOM-monotonic skipping. A layout that OOMs
   at micro-batch k is not run at larger micro-batches, and a candidate that needs at least as
   much memory as an OOMed one on every component is not run at all.
-- ``adaptive``: rounds of the top-k candidates per cell by optimistic predicted tokens/s/GPU. After
-  each round the throughput model is refitted on every completed run, and each cell's predictions
-  are rescaled by its own measured/predicted ratio. A cell closes when no untried candidate's
-  optimistic prediction (prediction × the cell's upper residual quantile) beats the best measured
-  run by more than ε. The OOM rules of ``pruned`` apply too.
+- ``adaptive``: rounds per open cell of the k − 1 best predicted candidates plus the best of a
+  (tp, pp, ZeRO) family not yet run. After each round the throughput model is refitted on every
+  completed run, and predictions are rescaled by the median measured/predicted ratio of the
+  candidate's family (else its cell). A cell closes, once it has run min(32, 25 % of its
+  candidates), when no untried candidate's optimistic prediction (rescaled prediction × the upper
+  residual quantile) beats the best measured run by more than ε. The OOM rules of ``pruned``
+  apply too.
 
 The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
 batch and returns its outcomes (a live sweep), so the same code does both. Pure: no I/O of its
@@ -40,7 +42,8 @@ MEMORY_COMPONENTS: Final = ("mem_states", "mem_activations", "mem_logits")
 
 @dataclass(frozen=True)
 class Params:
-    """Knobs of the adaptive strategy (and the GPU-hour accounting shared by all)."""
+    """Knobs of the strategies. The defaults were chosen on the playbook's 1B/8B runs (see the
+    README: the smallest min_cell_runs of a coarse grid that found every cell in every replay)."""
 
     k: int = 4                 # candidates per open cell per round
     epsilon: float = 0.02      # close a cell when nothing can beat its best by more than this
