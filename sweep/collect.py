@@ -431,6 +431,16 @@ def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
     return CollectResult(table=table, computed=len(fresh), reused=len(reuse), with_issues=issues)
 
 
+def update_runs(sweep_dir: str | Path, out: str | Path | None = None,
+                accounting: Iterable[Mapping[str, Any]] = (), full: bool = False) -> tuple[CollectResult, Path]:
+    """Collect SWEEP_DIR into OUT (default SWEEP_DIR/runs.parquet), reusing its unchanged rows."""
+    out = Path(out) if out is not None else Path(sweep_dir) / RUNS_FILE
+    previous = None if full else read_runs(out)
+    result = collect_sweep(sweep_dir, previous=previous, accounting=accounting)
+    write_runs(result.table, out)
+    return result, out
+
+
 def job_ids(sweep_dir: str | Path) -> list[str]:
     """The Slurm job ids the sweep's attempts ran under (for one sacct query)."""
     runs_root = Path(sweep_dir) / "runs"

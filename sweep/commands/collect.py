@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.cli import UserError
-from sweep.collect import RUNS_FILE, collect_sweep, job_ids, read_runs, write_runs
+from sweep.collect import job_ids, update_runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,11 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if not (sweep_dir / "runs").is_dir():
         raise UserError(f"{sweep_dir}: no runs/ folder here; pass the sweep directory "
                         "(results/<sweep>) that `sweep render` wrote")
-    out = args.out or sweep_dir / RUNS_FILE
-    previous = None if args.full else read_runs(out)
     accounting = _accounting(args.accounting) + (_sacct(sweep_dir) if args.sacct else [])
-    result = collect_sweep(sweep_dir, previous=previous, accounting=accounting)
-    write_runs(result.table, out)
+    result, out = update_runs(sweep_dir, args.out, accounting, full=args.full)
     outcomes = result.table.column("outcome").value_counts().to_pylist()
     counts = ", ".join(f"{item['counts']} {item['values']}" for item in outcomes)
     print(f"{result.table.num_rows} attempt(s) ({counts}): {result.computed} computed, "
