@@ -178,6 +178,7 @@ def test_a_job_of_the_real_template_reaches_the_watchdog_command(tmp_path: Path)
         run_dir / "attempts" / f"slurm-{result.job_id}.out")
 
 
+@pytest.mark.slow
 def test_the_example_sweep_runs_end_to_end_through_watchdog_and_workload(
         tmp_path: Path, repo_root: Path) -> None:
     """examples/local-cpu.yaml: one ordinary run completes with metrics, and the configuration
