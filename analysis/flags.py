@@ -4,6 +4,7 @@
   = MFU × peak / tokens/s/GPU differ), and which configuration column explains it.
 - `selection_flags`: cells whose best configuration changes with the FLOPs convention or the
   metric, and why.
+- `coverage_flags`: completed runs that cannot compete (no value for the ranking column).
 - `value_flags`: MFU above 1, failed runs that carry throughput, a reported MFU that does not
   match its stated convention, cells that mix global batch sizes.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.best import CONVENTIONS, best_configs, describe
+from analysis.best import CONVENTIONS, best_configs, describe, ranking_column
 
 BASIS_TOLERANCE = 0.005  # implied FLOPs/token within 0.5 % count as one basis
 EXPLAINING_COLUMNS = ("pp", "tp", "dp", "zero_stage", "mbs", "grad_acc", "cp", "nodes")
@@ -153,5 +154,18 @@ def value_flags(runs: pd.DataFrame) -> list[Flag]:
     return flags
 
 
+def coverage_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
+    """Completed attempts that cannot compete: the ranking column is empty for them."""
+    column = ranking_column(metric, convention)
+    missing = runs[(runs["outcome"] == "completed") & runs[column].isna()]
+    if missing.empty:
+        return []
+    hint = (" (their framework logs no MFU); --convention full_attention recomputes one for every run"
+            if column == "mfu_reported" else " (no throughput was measured)")
+    return [Flag("not-ranked", "*", None, f"{len(missing)} completed attempt(s) have no {column} and "
+                 f"are left out of the ranking{hint}.")]
+
+
 def all_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
-    return basis_flags(runs) + selection_flags(runs, metric, convention) + value_flags(runs)
+    return (basis_flags(runs) + selection_flags(runs, metric, convention) + value_flags(runs)
+            + coverage_flags(runs, metric, convention))

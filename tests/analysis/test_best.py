@@ -119,3 +119,15 @@ def test_a_cell_the_planner_pruned_says_by_which_rules(runs) -> None:
     assert best.loc[("playbook-80b", 2), "empty_reason"] == "not run: all 1 configurations pruned (pp_layers 1)"
     assert best.loc[("8B", 128), "empty_reason"] == "not run: 1 planned configuration(s) without an attempt"
     assert best.loc[("1B", 1), "pp"] == 2  # cells that ran are unchanged
+
+
+def test_completed_runs_that_cannot_be_ranked_are_flagged(runs) -> None:
+    from analysis.flags import coverage_flags
+
+    assert coverage_flags(runs, "mfu", "reported") == []
+    partial = runs.copy()
+    partial.loc[partial["outcome"] == "completed", "mfu_reported"] = None
+    (flag,) = coverage_flags(partial.head(40), "mfu", "reported")
+    completed = int((partial.head(40)["outcome"] == "completed").sum())
+    assert flag.kind == "not-ranked" and flag.message.startswith(f"{completed} completed attempt(s)")
+    assert coverage_flags(partial, "mfu", "full_attention") == []
