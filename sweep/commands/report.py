@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"  note: {note}")
     for flag in report.flags:
-        if flag.kind in ("best-config-changes", "basis", "mfu-above-1", "convention-mismatch"):
+        if flag.kind in ("best-config-changes", "basis", "mfu-above-1", "convention-mismatch", "not-ranked"):
             where = flag.model + (f" × {flag.nodes} nodes" if flag.nodes is not None else "")
             print(f"  {flag.kind} ({where}): {flag.message[:160]}{'…' if len(flag.message) > 160 else ''}")
     return 0
