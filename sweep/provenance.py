@@ -25,7 +25,7 @@ from sweep.state import atomic_write_json
 
 PACKAGES = ("llm-sweep", "torch", "numpy", "megatron-core", "nanotron", "torchtitan",
             "transformer-engine", "flash-attn", "nvidia-nccl-cu12", "nvidia-nccl-cu13")
-ENV_PREFIXES = ("SLURM_", "SWEEP_", "NCCL_", "TORCH_", "CUDA_", "MASTER_", "OMP_")
+ENV_PREFIXES = ("SLURM_", "SLURMD_", "SWEEP_", "NCCL_", "TORCH_", "CUDA_", "MASTER_", "OMP_")
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
@@ -54,7 +54,7 @@ def git_state(path: str | Path | None) -> dict[str, Any] | None:
     if sha is None:
         return None
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"path": str(Path(path).resolve()), "sha": sha, "dirty": bool(status),
+    return {"path": git("rev-parse", "--show-toplevel"), "sha": sha, "dirty": bool(status),
             "describe": git("describe", "--always", "--dirty", "--tags")}
 
 
