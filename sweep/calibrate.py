@@ -70,7 +70,8 @@ def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = C
     (say, no PP runs) at its physical prior instead of letting it drift.
     """
     if len(step_time) < MIN_ROWS:
-        raise ValueError(f"calibration needs at least {MIN_ROWS} completed runs, got {len(step_time)}")
+        raise ValueError(f"calibration needs at least {MIN_ROWS} completed runs, "
+                         f"got {len(step_time)}")
     if not np.all(np.isfinite(step_time)) or np.any(step_time <= 0):
         raise ValueError("calibration: step times must be positive and finite")
     prior_v = prior.vector()
@@ -181,4 +182,5 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
-__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls", "observed_step_time", "relative_errors"]
+__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls",
+           "observed_step_time", "relative_errors"]

@@ -62,7 +62,7 @@ class Search:
     """What a strategy did: runs launched (in order), candidates skipped, and per-cell progress."""
 
     strategy: str
-    launched: pd.DataFrame  # candidate, round, model, nodes, status, tokens_per_s_per_gpu, gpu_hours
+    launched: pd.DataFrame  # candidate, round, model, nodes, status, tokens/s/GPU, gpu_hours
     skipped: pd.DataFrame  # candidate, model, nodes, reason
     coefficients: Coefficients | None = None
     rounds: int = 0
@@ -489,5 +489,6 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
                   len(rows), float(rows.gpu_hours.sum()))
 
 
-__all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table", "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+__all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table",
+           "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
            "score", "search"]

@@ -135,7 +135,8 @@ def test_replay_charges_gpu_hours_from_steps_and_step_time() -> None:
          "zero_stage": 0, "status": "failed", "tokens_per_sec_per_gpu": 9999.0},
     ])
     replay = replay_table(runs, "runs.csv", PLAYBOOK_LABELS, WORKLOADS, steps=10, startup_s=60)
-    assert replay.published_runs == 3 and len(replay.candidates) == 2  # the repeat is not a candidate
+    assert replay.published_runs == 3
+    assert len(replay.candidates) == 2  # the repeat is not a candidate
     first, failed = replay.outcomes.iloc[0], replay.outcomes.iloc[1]
     step = 256 * 4096 / (4096.0 * 8)  # 32 s
     assert first.gpu_hours == pytest.approx(8 * (60 + 10 * step) / 3600)
