@@ -9,6 +9,9 @@ from sweep.cli import UserError
 from sweep.collect import RUNS_FILE
 
 
+_PRINTED = ("best-config-changes", "basis", "mfu-above-1", "convention-mismatch", "not-ranked")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from analysis.best import CONVENTIONS, DEFAULT_CONVENTION, DEFAULT_METRIC, METRICS
 
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"  note: {note}")
     for flag in report.flags:
-        if flag.kind in ("best-config-changes", "basis", "mfu-above-1", "convention-mismatch", "not-ranked"):
+        if flag.kind in _PRINTED:
             where = flag.model + (f" × {flag.nodes} nodes" if flag.nodes is not None else "")
             print(f"  {flag.kind} ({where}): {flag.message[:160]}{'…' if len(flag.message) > 160 else ''}")
     return 0
