@@ -45,7 +45,8 @@ def synthetic_configs(count: int) -> Iterator[RunConfig]:
                                 layout=layout, nodes=nodes, gpus_per_node=8, gpu="h100-sxm",
                                 dtype="bf16", seq_len=4096, global_batch_sequences=SEQUENCES,
                                 settings={"steps": 10, "warmup_steps": 3},
-                                predicted={"mem_allocated_bytes": 4e10, "mem_reserved_bytes": 4.5e10, "mem_total_bytes": 5e10})
+                                predicted={"mem_allocated_bytes": 4e10, "mem_reserved_bytes": 4.5e10,
+                                           "mem_total_bytes": 5e10})
                 produced += 1
                 if produced == count:
                     return

@@ -296,7 +296,8 @@ def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int |
         row["mfu_reported"] = float(summary["mfu_pct"]) / 100.0
         row["mfu_reported_convention"] = "full_attention"
     if summary.get("peak_flops") is not None:
-        row["_summary_peak"] = (float(summary["peak_flops"]), str(summary.get("peak_flops_source") or "metrics"))
+        row["_summary_peak"] = (float(summary["peak_flops"]),
+                                str(summary.get("peak_flops_source") or "metrics"))
 
 
 def _apply_mfu(row: dict[str, Any], config: RunConfig, summary: Mapping[str, Any] | None,
@@ -432,7 +433,8 @@ def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
 
 
 def update_runs(sweep_dir: str | Path, out: str | Path | None = None,
-                accounting: Iterable[Mapping[str, Any]] = (), full: bool = False) -> tuple[CollectResult, Path]:
+                accounting: Iterable[Mapping[str, Any]] = (),
+                full: bool = False) -> tuple[CollectResult, Path]:
     """Collect SWEEP_DIR into OUT (default SWEEP_DIR/runs.parquet), reusing its unchanged rows."""
     out = Path(out) if out is not None else Path(sweep_dir) / RUNS_FILE
     previous = None if full else read_runs(out)

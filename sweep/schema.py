@@ -49,7 +49,8 @@ _IDENTITY = _cols(
     ("schema_version", "int64", "", "version of this schema"),
     ("sweep", "string", "", "sweep name (spec `name`)"),
     ("run_id", "string", "", "stable id of the configuration (RunConfig.run_id)"),
-    ("attempt", "int64", "", "attempt number, 1 = first submission (imports: the n-th time the file lists this configuration)"),
+    ("attempt", "int64", "", "attempt number, 1 = first submission (imports: the n-th time the "
+     "file lists this configuration)"),
     ("attempt_dir", "string", "", "attempt folder relative to the sweep directory; import: source file"),
     ("source", "string", "", "`collect` or `import:<file name>`"),
 )
@@ -102,7 +103,8 @@ _OUTCOME = _cols(
     ("status_source", "string", "", "status.json, node-files, sacct, published or none"),
     ("last_step", "int64", "steps", "last step reached"),
     ("exit_codes_json", "string", "JSON", "exit code per node"),
-    ("collect_issues", "list<string>", "", "what collect found wrong with this attempt's files; empty = clean"),
+    ("collect_issues", "list<string>", "",
+     "what collect found wrong with this attempt's files; empty = clean"),
 )
 _STEADY = _cols(
     "steady state",
@@ -178,7 +180,8 @@ COLUMNS: Final[tuple[Column, ...]] = tuple(
     _IDENTITY + _CONFIG + _OUTCOME + _STEADY + _FLOPS + _MEMORY + _SLURM + _PROVENANCE)
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
 BY_NAME: Final = {c.name: c for c in COLUMNS}
-DEFAULT_STEADY_STATE_POLICY: Final = "skip the first {warmup} steps; mean and std (ddof=1) over steps {first}..{last}"
+DEFAULT_STEADY_STATE_POLICY: Final = ("skip the first {warmup} steps; "
+                                      "mean and std (ddof=1) over steps {first}..{last}")
 
 
 def arrow_schema() -> pa.Schema:

@@ -50,7 +50,8 @@ def test_mfu_divides_by_the_dense_catalog_peak_under_every_convention() -> None:
 
 def test_provenance_from_env_json_marks_a_dirty_checkout() -> None:
     env = {"harness": {"version": "0.1.0", "git": {"sha": "abc", "dirty": True}},
-           "framework": {"git": {"sha": "def", "dirty": False}}, "packages": {"torch": "2.6.0", "nanotron": "0.4"},
+           "framework": {"git": {"sha": "def", "dirty": False}},
+           "packages": {"torch": "2.6.0", "nanotron": "0.4"},
            "python": "3.11.7", "hostname": "gpu01"}
     assert provenance_columns(env, "nanotron") == {
         "harness_version": "0.1.0", "harness_git_sha": "abc-dirty", "framework_version": "0.4 @ def",

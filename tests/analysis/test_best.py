@@ -116,7 +116,8 @@ def test_a_cell_the_planner_pruned_says_by_which_rules(runs) -> None:
                          "prune_rule": ["memory", "memory", "pp_layers", None]})
     best = best_configs(runs, plan=plan).set_index(["model", "nodes"])
     assert best.loc[("playbook-80b", 1), "empty_reason"] == "not run: all 2 configurations pruned (memory 2)"
-    assert best.loc[("playbook-80b", 2), "empty_reason"] == "not run: all 1 configurations pruned (pp_layers 1)"
+    assert best.loc[("playbook-80b", 2), "empty_reason"] == \
+        "not run: all 1 configurations pruned (pp_layers 1)"
     assert best.loc[("8B", 128), "empty_reason"] == "not run: 1 planned configuration(s) without an attempt"
     assert best.loc[("1B", 1), "pp"] == 2  # cells that ran are unchanged
 

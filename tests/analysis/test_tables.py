@@ -28,7 +28,8 @@ def test_markdown_escapes_pipes_and_marks_numeric_columns() -> None:
 
 
 def test_an_empty_cell_keeps_its_reason_in_the_display_table() -> None:
-    best = pd.DataFrame([{"model": "80B", "nodes": 1, "run_id": None, "empty_reason": "no successful run: all 9 oom"},
+    best = pd.DataFrame([{"model": "80B", "nodes": 1, "run_id": None,
+                          "empty_reason": "no successful run: all 9 oom"},
                          {"model": "80B", "nodes": 4, "run_id": "r", "dp": 1, "tp": 8, "pp": 4, "cp": 1,
                           "ep": 1, "mbs": 1, "grad_acc": 256, "zero_stage": 0, "recompute": "none",
                           "mfu_pct": 14.756, "tokens_per_sec_per_gpu": 301.4, "gpu_memory_GB": 65.974,
