@@ -118,6 +118,8 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, chunk: torch.Tensor, cp: ContextParallel) -> torch.Tensor:  # type: ignore[override]
         ctx.cp = cp
+        if chunk.is_meta:  # pipeline stages infer shapes with meta tensors: nothing to send
+            return torch.cat([chunk] * cp.size, dim=2)
         parts = [torch.empty_like(chunk) for _ in range(cp.size)]
         dist.all_gather(parts, chunk.contiguous(), group=cp.group)
         return torch.cat(parts, dim=2)

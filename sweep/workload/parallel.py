@@ -5,9 +5,12 @@ then activation checkpointing, then the data-parallel wrapper. Gradients are ave
 flattened dp×cp mesh: context-parallel ranks see different tokens of the same sequences, so for
 the weights they are data-parallel replicas.
 
-ZeRO stages: 0 = DDP (a plain gradient all-reduce when tp > 1, because DDP cannot hold DTensor
-parameters), 1 = ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 `fully_shard` with
-`reshard_after_forward` False/True.
+ZeRO stages: 0 = DDP, 1 = ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 `fully_shard` with
+`reshard_after_forward` False/True. Where DDP cannot go, ZeRO 0/1 all-reduce the gradients
+after backward instead (same arithmetic, no overlap): with tp > 1 (DDP cannot hold DTensor
+parameters) and with pp > 1 (DDP's reducer fails when a pipeline schedule runs several
+micro-batch backwards per step: "rebuilt parameter indices size is not same as original model
+parameters size").
 
 FSDP, DTensor, ZeroRedundancyOptimizer and checkpointing are imported where they are used: each
 costs seconds of start-up, and a plain DDP run needs none of them.
@@ -138,7 +141,7 @@ class DataParallel:
     """The data-parallel wrapper of one model chunk, with its grad-accumulation switch."""
 
     def __init__(self, module: nn.Module, zero_stage: int, dp_cp: DeviceMesh, tensor_parallel: bool,
-                 device: torch.device) -> None:
+                 pipeline: bool, device: torch.device) -> None:
         self.zero_stage = zero_stage
         self.group = dp_cp.get_group()
         self.replicas = dp_cp.size()
@@ -150,8 +153,8 @@ class DataParallel:
             for block in module.layers.values():  # type: ignore[union-attr]
                 fully_shard(block, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
             fully_shard(module, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
-        elif self.replicas > 1 and tensor_parallel:
-            if zero_stage == 1:
+        elif self.replicas > 1 and (tensor_parallel or pipeline):
+            if zero_stage == 1 and tensor_parallel:
                 raise ValueError("layout: zero_stage 1 with tp > 1 is not supported by the built-in "
                                  "workload (ZeroRedundancyOptimizer cannot shard DTensor parameters); "
                                  "use zero_stage 2 or 3")
@@ -175,7 +178,7 @@ class DataParallel:
                 yield
 
     def finish_gradients(self) -> None:
-        """The plain all-reduce of the tp > 1, ZeRO-0 case (DDP does this inside backward)."""
+        """The plain all-reduce where DDP cannot be used (DDP does this inside backward)."""
         if not self.manual_allreduce:
             return
         from torch.distributed.tensor import DTensor

@@ -100,6 +100,9 @@ def config_problems(cfg: RunConfig, world_size: int) -> list[str]:
         problems.append("layout.sp: sequence parallelism needs tp > 1; set sp false")
     if cfg.seq_len % (layout.cp * (layout.tp if layout.sp else 1)):
         problems.append(f"seq_len: {cfg.seq_len} must be divisible by cp (×tp with sp)")
+    if layout.zero_stage == 1 and layout.tp > 1 and layout.dp * layout.cp > 1:
+        problems.append("layout.zero_stage: 1 with tp > 1 is not supported by the built-in workload "
+                        "(ZeroRedundancyOptimizer cannot shard DTensor parameters); use 2 or 3")
     if layout.zero_stage not in (0, 1, 2, 3):
         problems.append(f"layout.zero_stage: {layout.zero_stage}; use 0, 1, 2 or 3")
     if layout.pp == 1 and layout.vpp != 1:
@@ -151,7 +154,8 @@ class Trainer:
         if self.layout.cp > 1:
             apply_context_parallel(chunk, self.mesh.mesh["cp"])
         apply_recompute(chunk, self.layout.recompute)
-        return DataParallel(chunk, self.layout.zero_stage, self.mesh.dp_cp, self.layout.tp > 1, self.device)
+        return DataParallel(chunk, self.layout.zero_stage, self.mesh.dp_cp, tensor_parallel=self.layout.tp > 1,
+                            pipeline=self.layout.pp > 1, device=self.device)
 
     def _autocast(self) -> Any:
         return torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None)

@@ -53,6 +53,9 @@ FOUR_RANK_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2xtp2": {"dp": 2, "tp": 2, "zero_stage": 3},
     "dp2xpp2": {"dp": 2, "pp": 2, "grad_acc": 2, "zero_stage": 2},
     "tp2xpp2": {"tp": 2, "pp": 2, "grad_acc": 2, "sp": True},
+    "dp2xpp2-ddp": {"dp": 2, "pp": 2, "grad_acc": 2},  # DDP cannot run under PP: all-reduce path
+    "tp2xcp2": {"tp": 2, "cp": 2, "sp": True},
+    "pp2xcp2": {"pp": 2, "cp": 2, "grad_acc": 2},  # CP gathers on meta tensors at stage set-up
 }
 EIGHT_RANK_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2xtp2xpp2": {"dp": 2, "tp": 2, "pp": 2, "grad_acc": 2, "zero_stage": 3, "sp": True},

@@ -21,6 +21,7 @@ def test_a_runnable_config_has_no_problems() -> None:
     ({"sp": True}, 1, "layout.sp: sequence parallelism needs tp > 1"),
     ({"dtype": "fp8"}, 1, "dtype: 'fp8' is not supported"),
     ({"cp": 2, "seq_len": 63}, 2, "seq_len: 63 must be divisible by cp"),
+    ({"dp": 2, "tp": 2, "zero_stage": 1}, 4, "layout.zero_stage: 1 with tp > 1 is not supported"),
     ({"pp": 2, "grad_acc": 2, "mbs": 2}, 2, ""),
 ])
 def test_problems_name_the_field_and_the_fix(kwargs: dict, world: int, message: str) -> None:
