@@ -171,7 +171,7 @@ def test_a_job_of_the_real_template_reaches_the_watchdog_command(tmp_path: Path)
     assert env["nodes"] == ["127.0.0.1", "127.0.0.2"]
     assert env["slurm_job_id"] == str(result.job_id)
     assert env["env"]["MASTER_ADDR"] == "127.0.0.1"
-    assert env["env"]["MASTER_PORT"] == str(15000 + result.job_id % 15000)
+    assert env["env"]["MASTER_PORT"] == str(20000 + result.job_id % 10000)
     assert env["harness"]["version"]
     assert os.path.islink(result.attempt_dir / "job.out")
     assert os.path.realpath(result.attempt_dir / "job.out") == str(

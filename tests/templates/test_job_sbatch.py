@@ -75,7 +75,7 @@ def test_an_array_task_gets_the_next_attempt_and_the_watchdog_command(
                     "--", "bash", f"{run_dir}/launch/builtin.sh"]
     seen = env_file(attempt / "srun.env")
     assert seen["MASTER_ADDR"] == "node7"
-    assert seen["MASTER_PORT"] == str(15000 + 4242 % 15000)
+    assert seen["MASTER_PORT"] == str(20000 + 4242 % 10000)
     assert (seen["SWEEP_RUN_ID"], seen["SWEEP_ATTEMPT"]) == (run_dir.name, "1")
     assert seen["SWEEP_ATTEMPT_DIR"] == str(attempt)
     assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # tp 2
