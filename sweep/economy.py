@@ -173,6 +173,13 @@ def _cell_keys(frame: pd.DataFrame) -> pd.Series:
     return frame[list(CELL)].astype(str).agg("|".join, axis=1)
 
 
+def _cell_order(frame: pd.DataFrame) -> list[str]:
+    """Cell keys by model, then nodes as numbers (not as text: 2 before 16)."""
+    cells = frame[list(CELL)].drop_duplicates()
+    cells = cells.assign(_m=cells.model.astype(str)).sort_values(["_m", "nodes"])
+    return list(_cell_keys(cells))
+
+
 Oracle = Callable[[pd.Index], pd.DataFrame]
 OUTCOME_COLUMNS: Final = ("status", "tokens_per_s_per_gpu", "gpu_hours")
 
@@ -352,7 +359,8 @@ def progress(result: Search, candidates: pd.DataFrame) -> pd.DataFrame:
     skipped = result.skipped.assign(cell=cells[result.skipped.candidate].to_numpy(),
                                     rule=result.skipped.reason.str.replace(r" \(.*", "",
                                                                            regex=True))
-    table = pd.DataFrame({"candidates": cells.groupby(cells).size()})
+    table = pd.DataFrame({"candidates": cells.groupby(cells).size()}).reindex(
+        _cell_order(candidates))
     by = launched.groupby("cell")
     table["launched"] = by.size()
     table["completed"] = by.status.apply(lambda s: int((s == "completed").sum()))
@@ -381,6 +389,7 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
     truth = ok.tokens_per_s_per_gpu.groupby(cells[ok.index]).max()
     launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
     found = launched[launched.status == "completed"].groupby("cell").tokens_per_s_per_gpu.max()
+    truth = truth.reindex([c for c in _cell_order(candidates) if c in truth.index])
     table = pd.DataFrame({"best": truth, "found": found.reindex(truth.index)})
     table["regret"] = 1 - table.found.fillna(0) / table.best
     table["within"] = table.regret <= tolerance
