@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import pandas as pd
 import pytest
 import yaml
 
