@@ -40,7 +40,8 @@ import psutil
 import sweep
 from sweep.runconfig import load as load_run
 from sweep.spec import TIME_PATTERN
-from sweep.state import STATUS_FILE, atomic_write_json, new_attempt_dir, read_json
+from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, new_attempt_dir,
+                         read_json)
 
 ACCOUNTING_FILE = "local_sacct.json"
 JOB_FILE = "job.sbatch"
@@ -371,6 +372,21 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def finished(run_dir: str | Path) -> bool:
+    """Whether a run's latest attempt reached a verdict that a rerun would not change: a
+    status.json, or this backend's accounting record, other than a cancellation. A run never
+    started, cancelled, or cut off with its runner (no record at all) is not finished, so
+    `sweep run` after an interruption redoes exactly those."""
+    attempts = attempt_dirs(run_dir)
+    if not attempts:
+        return False
+    status = read_json(attempts[-1] / STATUS_FILE) or {}
+    if status.get("outcome"):
+        return status["outcome"] != "cancelled"
+    record = read_json(attempts[-1] / ACCOUNTING_FILE) or {}
+    return record.get("State") in ("COMPLETED", "FAILED", "TIMEOUT")
 
 
 def run_local(run_dirs: Sequence[str | Path], *, slots: int | None = None,

@@ -229,3 +229,21 @@ def test_terminating_the_backend_cancels_its_jobs(tmp_path: Path) -> None:
     assert record["State"] == "CANCELLED"
     time.sleep(0.3)
     assert not psutil.pid_exists(task) or psutil.Process(task).status() == "zombie"
+
+
+def test_finished_runs_are_those_with_a_verdict_other_than_cancelled(tmp_path: Path) -> None:
+    run_dir = run_with_script(tmp_path, "exit 0\n")
+    assert not local.finished(run_dir)  # never started
+    attempt = run_dir / "attempts" / "1"
+    attempt.mkdir()
+    assert not local.finished(run_dir)  # cut off with its runner: no record at all
+    (attempt / local.ACCOUNTING_FILE).write_text(json.dumps({"State": "CANCELLED"}))
+    assert not local.finished(run_dir)
+    (attempt / local.ACCOUNTING_FILE).write_text(json.dumps({"State": "TIMEOUT"}))
+    assert local.finished(run_dir)
+    (attempt / "status.json").write_text(json.dumps({"outcome": "oom"}))
+    assert local.finished(run_dir)
+    (attempt / "status.json").write_text(json.dumps({"outcome": "cancelled"}))
+    assert not local.finished(run_dir)
+    [result] = local.run_local([run_dir])
+    assert result.state == "COMPLETED" and local.finished(run_dir)
