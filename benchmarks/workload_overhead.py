@@ -69,9 +69,12 @@ def main() -> None:
             runs.append(figures)
             print(json.dumps({"repeat": index + 1, **{k: round(v, 4) for k, v in figures.items()}}))
     median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-    print(f"# {args.repeats} repeats, tiny-4l, dp2 (DDP), seq {args.seq_len}, global batch 4, 5 steps, "
-          f"{os.cpu_count()} cores; targets: wall<=10 s, startup<=4 s, metrics<1 %")
-    print(" ".join(f"{k}={v:.4f}" for k, v in median.items()))
+    best = {"best_wall_s": min(r["wall_s"] for r in runs), "best_startup_s": min(r["startup_s"] for r in runs)}
+    # Other jobs share this machine: the load average says how much the figures are inflated.
+    load = {"load_avg_1m": os.getloadavg()[0], "cores": float(os.cpu_count() or 0)}
+    print(f"# {args.repeats} repeats (median, and best), tiny-4l, dp2 (DDP), seq {args.seq_len}, global batch 4, "
+          f"5 steps; targets: wall<=10 s, startup<=4 s, metrics<1 %")
+    print(" ".join(f"{k}={v:.4f}" for k, v in (median | best | load).items()))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from sweep.flops import flops_per_token_all
+from sweep.model import count_parameters
 from sweep.state import read_jsonl
 from tests.workload.runs import launch, run_config, write_run_dir
 
@@ -78,8 +79,13 @@ def test_the_rank_memory_limit_ends_the_run_with_a_recognisable_oom(tmp_path: Pa
     assert "DefaultCPUAllocator: can't allocate memory" in proc.stderr
 
 
-def test_a_generous_memory_limit_does_not_get_in_the_way(tmp_path: Path) -> None:
+def test_a_generous_memory_limit_does_not_get_in_the_way_and_memtrack_reports(tmp_path: Path) -> None:
     run_dir = write_run_dir(tmp_path, run_config(steps=2, settings={"rank_memory_limit_mb": 2000}))
-    proc = launch(run_dir, 0, "--attempt-dir", str(tmp_path / "attempt"))
+    proc = launch(run_dir, 0, "--attempt-dir", str(tmp_path / "attempt"), "--memtrack")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert records(tmp_path / "attempt" / "metrics.jsonl")[-1]["kind"] == "summary"
+    tracked = json.loads((tmp_path / "attempt" / "memtrack.json").read_text())
+    assert tracked["step"] == 3  # one extra, untimed step after the 2 timed ones
+    (peak,) = tracked["peak_bytes_per_rank"]
+    assert peak["Parameter"] == 4 * count_parameters(run_config().model).total  # fp32 weights, exactly
+    assert peak["Optstate"] >= 2 * peak["Parameter"]  # AdamW: two moments per weight
