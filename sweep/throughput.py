@@ -26,6 +26,9 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    factor. ``p2p_inter``: pipeline messages across nodes, one per TP rank (each
                    rank of a stage sends its own shard), times the congestion factor.
 - ``dp_latency``   latency steps of the gradient buckets (25 MB each), overlapped like dp_comm.
+- ``dp_exposed``   the DP time nothing can hide: the gradient reduction beyond the backward pass
+                   of the last micro-batch (2/3 of its compute), plus ZeRO's parameter
+                   all-gather after the optimizer step. θ ≈ 1.
 - ``slot_sync``    (m + pp − 1) · (nodes − 1): a per-micro-batch cost that grows with the job.
 - ``optimizer``    parameters updated per GPU (after ZeRO sharding): θ = seconds per parameter.
 - ``step_overhead`` 1: θ = fixed seconds per step.
@@ -53,7 +56,7 @@ from sweep.model import ModelShape, count_parameters
 
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
-                   "dp_latency", "slot_sync", "optimizer", "step_overhead")
+                   "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead")
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
@@ -77,6 +80,7 @@ class Coefficients:
     latency_inter: float = 2.0e-5     # 20 µs per step across nodes
     p2p_inter: float = 5.0e-5         # a pipeline send/recv pair across nodes
     dp_latency: float = 2.0e-6        # per latency step of a gradient bucket, mostly overlapped
+    dp_exposed: float = 1.0           # DP traffic that nothing hides
     slot_sync: float = 2.0e-5         # a small collective over every node, per micro-batch
     optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
     step_overhead: float = 0.05
@@ -256,8 +260,13 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # DP latency (per bucket) overlaps with the backward pass: a term of its own.
     dp_steps = np.where(replicas > 1, np.where(zero == 3, 3 * m, 2) * buckets
                         * _steps(replicas), 0.0)
-    dp_intra, dp_inter = dp_g.split(np.select([zero == 0, zero == 3], [2 * rs, m * (rs + 2 * ag)],
-                                              rs + ag))
+    reduce = np.select([zero == 0, zero == 3], [2 * rs, m * (rs + ag)], rs)
+    gather = np.select([zero == 0, zero == 3], [0.0, m * ag], ag)
+    dp_intra, dp_inter = dp_g.split(reduce + gather)
+    # Only the last micro-batch's backward (2/3 of its compute, at the prior efficiency) can hide
+    # the gradient reduction; ZeRO's parameter gather after the step hides behind nothing.
+    window = (2 / 3) * compute / slots * Coefficients.compute
+    dp_exposed = np.maximum(reduce - window, 0.0) + gather
 
     # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.
     p2p_bytes = np.where(sp, act_bytes / tp, act_bytes)
@@ -279,6 +288,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
         "pp_comm": pp_comm, "latency": latency, "latency_inter": latency_inter,
         "p2p_inter": pp_hops[1] * tp * congestion,
         "dp_latency": dp_steps * np.where(dp_g.inter, congestion, 1.0),
+        "dp_exposed": dp_exposed,
         "slot_sync": slots * (nodes - 1.0),
         "optimizer": optimizer, "step_overhead": one,
     }
