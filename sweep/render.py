@@ -1,9 +1,10 @@
 """Run directories from a plan: run.json, job.sbatch and the framework's launch files.
 
 Templates are Jinja with `StrictUndefined`, so a misspelt variable is an error, not an empty
-string. Every value that reaches a shell goes through the `shq` filter (shlex.quote), every
-#SBATCH value through `slurm` (a strict pattern; #SBATCH lines are not shell-parsed, so
-quoting cannot help there). A user's `templates_dir` overrides the packaged templates file by
+string. Every string a template outputs must come from a quoting filter, and rendering refuses
+any other (Jinja's `finalize` hook): `shq` (shlex.quote) for the shell, `slurm` for #SBATCH
+values (a strict pattern; #SBATCH lines are not shell-parsed, so quoting cannot help there),
+`tojson` for YAML, `comment` for comments. Numbers pass as they are. A user's `templates_dir` overrides the packaged templates file by
 file. Rendering is idempotent: a file whose content would not change is not rewritten.
 """
 
@@ -55,20 +56,45 @@ def packaged_templates_dir() -> Path:
                       "reinstall llm-sweep or set `templates_dir` in the spec")
 
 
-def shq(value: Any) -> str:
-    """Quote one value for bash (the only way a spec value may enter a script)."""
+class Quoted(str):
+    """Text made safe by a quoting filter: the only kind of string a template may output."""
+
+
+def shq(value: Any) -> Quoted:
+    """Quote one value as one bash word."""
     if isinstance(value, bool):
         value = "true" if value else "false"
-    return shlex.quote(str(value))
+    return Quoted(shlex.quote(str(value)))
 
 
-def slurm_value(value: Any) -> str:
+def slurm_value(value: Any) -> Quoted:
     """Pass a value to an #SBATCH line only if it cannot be misread there."""
     text = str(value)
     if not _SLURM_VALUE.match(text):
         raise RenderError(f"{text!r} cannot appear in an #SBATCH line (allowed: "
                           f"{SLURM_VALUE_PATTERN}); rename it or use a simpler path")
-    return text
+    return Quoted(text)
+
+
+def comment(value: Any) -> Quoted:
+    """A value inside a # comment: one line, so it cannot end the comment."""
+    return Quoted(" ".join(str(value).split()))
+
+
+def to_json(value: Any) -> Quoted:
+    """A JSON literal; also a YAML literal, so it cannot change a YAML document's structure."""
+    return Quoted(json.dumps(value, sort_keys=True))
+
+
+def _only_quoted(value: Any) -> Any:
+    """Jinja's finalize hook: numbers pass, strings only when a quoting filter made them."""
+    if isinstance(value, str) and not isinstance(value, Quoted):
+        raise RenderError(f"the string {value!r} is output unquoted; pipe it through `shq` "
+                          "(a shell word), `slurm` (an #SBATCH value), `tojson` (YAML/JSON) "
+                          "or `comment`")
+    if value is None or isinstance(value, (list, dict, tuple, set)):
+        raise RenderError(f"{value!r} cannot be output as it is; pick a field or a filter")
+    return value
 
 
 def make_environment(templates_dir: Path | None = None) -> jinja2.Environment:
@@ -82,10 +108,8 @@ def make_environment(templates_dir: Path | None = None) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(p) for p in search]),
         undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-        trim_blocks=True, lstrip_blocks=True)
-    env.filters["shq"] = shq
-    env.filters["slurm"] = slurm_value
-    env.filters["tojson"] = lambda value: json.dumps(value, sort_keys=True)
+        trim_blocks=True, lstrip_blocks=True, finalize=_only_quoted)
+    env.filters.update(shq=shq, slurm=slurm_value, comment=comment, tojson=to_json)
     return env
 
 
