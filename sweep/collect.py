@@ -153,9 +153,9 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
         "attempt": int(attempt_dir.name), "attempt_dir": attempt_dir.relative_to(sweep_dir).as_posix(),
         "collected_at": time.time(),
     }
-    config = _load_config(run_dir, issues)
+    config, checked_run_id = _load_config(run_dir, issues)
     if config is not None:
-        row.update(config_columns(config))
+        row.update(config_columns(config, run_id=checked_run_id))
     env = _read_json(attempt_dir / ENV_FILE, issues)
     env = env if isinstance(env, dict) else {}
     status = _read_json(attempt_dir / STATUS_FILE, issues)
@@ -184,17 +184,19 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
     return row
 
 
-def _load_config(run_dir: Path, issues: list[str]) -> RunConfig | None:
+def _load_config(run_dir: Path, issues: list[str]) -> tuple[RunConfig | None, str | None]:
+    """run.json's configuration, and its run_id once RunConfig.from_json has checked it
+    against the content (so it need not be hashed again)."""
     data = _read_json(run_dir / RUN_FILE, issues)
     if data is None:
         if not any(i.startswith(RUN_FILE) for i in issues):
             issues.append(f"{RUN_FILE}: missing; configuration columns are empty")
-        return None
+        return None, None
     try:
-        return RunConfig.from_json(data)
-    except (KeyError, TypeError, ValueError) as error:
+        return RunConfig.from_json(data), data.get("run_id")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
         issues.append(f"{RUN_FILE}: invalid ({type(error).__name__}: {error})")
-        return None
+        return None, None
 
 
 def _outcome_columns(row: dict[str, Any], status: Mapping[str, Any],

@@ -18,11 +18,14 @@ from sweep.runconfig import RunConfig
 from sweep.schema import CONVENTIONS, DEFAULT_STEADY_STATE_POLICY
 
 
-def config_columns(config: RunConfig) -> dict[str, Any]:
-    """The configuration columns of a run (shared by collect and the importers)."""
+def config_columns(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
+    """The configuration columns of a run (shared by collect and the importers).
+
+    `run_id`: the id RunConfig.from_json already checked against the content (hashing costs).
+    """
     shape, layout, settings = config.model, config.layout, config.settings
     return {
-        "sweep": config.sweep, "run_id": config.run_id, "framework": config.framework,
+        "sweep": config.sweep, "run_id": run_id or config.run_id, "framework": config.framework,
         "model": shape.name, "model_label": shape.name,
         "model_params": count_parameters(shape).total,
         "num_layers": shape.num_layers, "hidden_size": shape.hidden_size,

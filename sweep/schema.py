@@ -7,7 +7,6 @@ Bump `SCHEMA_VERSION` when a column changes meaning or type; adding a column at 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -196,9 +195,20 @@ def to_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         unknown = set(row) - set(BY_NAME)
         if unknown:
             raise KeyError(f"row {row.get('run_id')!r}: columns not in sweep.schema: {sorted(unknown)}")
-    arrays = [pa.array([_clean(row.get(c.name), c.dtype) for row in rows], type=c.arrow_type)
-              for c in COLUMNS]
+    arrays = [_column(c, [row.get(c.name) for row in rows]) for c in COLUMNS]
     return pa.Table.from_arrays(arrays, schema=arrow_schema())
+
+
+def _column(column: Column, values: list[Any]) -> pa.Array:
+    """Fast path: Arrow converts the values as they are; odd ones (an int job id in a string
+    column, a NaN in an int column) go through _clean."""
+    fast = column.dtype != "int64" or not any(isinstance(v, float) for v in values)
+    try:
+        if fast:  # (Arrow would truncate 7.5 to 7 in an int column: floats take the slow path)
+            return pa.array(values, type=column.arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+        pass
+    return pa.array([_clean(v, column.dtype) for v in values], type=column.arrow_type)
 
 
 def _clean(value: Any, dtype: str) -> Any:
@@ -207,8 +217,8 @@ def _clean(value: Any, dtype: str) -> Any:
     if dtype == "float64":
         return float(value)
     if dtype == "int64":
-        if isinstance(value, float) and math.isnan(value):
-            return None
+        if isinstance(value, float) and not value.is_integer():
+            return None  # NaN or a fraction where a count belongs: unknown, never truncated
         return int(value)
     if dtype == "list<string>":
         return [str(v) for v in value]

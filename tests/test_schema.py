@@ -48,6 +48,16 @@ def test_rows_round_trip_through_parquet_without_rounding(tmp_path) -> None:
     assert row["outcome"] is None  # a missing key is null, not a default
 
 
+def test_values_are_converted_but_never_truncated() -> None:
+    rows = [{"run_id": "a", "attempt": 3.0, "last_step": 7.5, "slurm_job_id": 123_4,
+             "step_time_n": float("nan"), "tokens_per_sec": 5},
+            {"run_id": "b", "attempt": 1, "last_step": 2}]
+    first, second = schema.to_table(rows).to_pylist()
+    assert (first["attempt"], first["last_step"], first["step_time_n"]) == (3, None, None)
+    assert first["slurm_job_id"] == "1234" and first["tokens_per_sec"] == 5.0
+    assert (second["attempt"], second["last_step"]) == (1, 2)
+
+
 def test_unknown_column_is_refused_with_its_name() -> None:
     with pytest.raises(KeyError, match="mfu_typo"):
         schema.to_table([{"run_id": "r", "mfu_typo": 0.5}])
