@@ -433,13 +433,17 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
 
     Reads the playbook's charts table, nanotron's results table (which tells OOM apart), and
     runs.parquet (`outcome`: completed, oom, anything else counts as failed)."""
-    if {"model_label", "tokens_per_sec_per_gpu"} <= set(runs):  # playbook charts
+    if {"outcome", "tokens_per_sec_per_gpu", "model"} <= set(runs):  # runs.parquet
+        status = runs.outcome.map(lambda o: o if o in ("completed", "oom") else "failed")
+        runs = runs.assign(status=status, tokens_per_s_per_gpu=runs.tokens_per_sec_per_gpu)
+        runs = runs.assign(gpu_hours_measured=runs.get("gpu_hours", np.nan))
+    elif {"model_label", "tokens_per_sec_per_gpu"} <= set(runs):  # playbook charts
         status = runs.status.map({"success": "completed", "failed": "failed"})
         return pd.DataFrame({"model": runs.model_label, "nodes": runs.nodes, "dp": runs.dp,
                              "tp": runs.tp, "pp": runs.pp, "mbs": runs.mbs,
                              "grad_acc": runs.grad_acc, "zero_stage": runs.zero_stage,
                              "status": status, "tokens_per_s_per_gpu": runs.tokens_per_sec_per_gpu})
-    if {"batch_accum", "tok/s/gpu", "hidden_size"} <= set(runs):  # nanotron's results table
+    elif {"batch_accum", "tok/s/gpu", "hidden_size"} <= set(runs):  # nanotron's results table
         status = runs.status.map({"Success": "completed", "OOM": "oom", "Other": "failed"})
         by_shape = {(w.shape.hidden_size, w.shape.num_layers): name
                     for name, w in workloads.items()}
@@ -450,16 +454,14 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
                              "mbs": runs.mbs, "grad_acc": runs.batch_accum,
                              "zero_stage": runs.zero_stage, "status": status,
                              "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
-    if {"outcome", "tokens_per_sec_per_gpu", "model"} <= set(runs):  # runs.parquet
-        status = runs.outcome.map(lambda o: o if o in ("completed", "oom") else "failed")
-        runs = runs.assign(status=status, tokens_per_s_per_gpu=runs.tokens_per_sec_per_gpu)
     needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
               "tokens_per_s_per_gpu"}
     missing = sorted(needed - set(runs))
     if missing:
         raise ValueError(f"{source}: not a playbook table nor a runs table: lacks column(s) "
                          f"{missing}")
-    extra = [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp") if c in runs]
+    extra = [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp",
+                         "gpu_hours_measured") if c in runs]
     return runs[sorted(needed) + extra].copy()
 
 
@@ -484,16 +486,19 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
     for col in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
         rows[col] = rows[col].astype(int)
     rows.loc[rows.status != "completed", "tokens_per_s_per_gpu"] = np.nan
-    gpus = (rows.dp * rows.tp * rows.pp).to_numpy(float)
+    gpus = (rows.dp * rows.tp * rows.pp * rows.get("cp", 1) * rows.get("ep", 1)).to_numpy(float)
     tokens = pd.concat([pd.Series(tokens_per_step(g, workloads[m]), index=g.index)
                         for m, g in rows.groupby("model")]).reindex(rows.index)
     step = tokens / (rows.tokens_per_s_per_gpu * gpus)
     cell_step = step.groupby([rows.model, rows.nodes]).transform("median").fillna(0.0)
     seconds = np.where(rows.status == "completed", startup_s + steps * step, startup_s + cell_step)
     rows["gpu_hours"] = gpus * seconds / 3600.0
-    unique = rows.drop_duplicates(["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc",
-                                   "zero_stage"]).reset_index(drop=True)
+    if "gpu_hours_measured" in rows:  # a collected sweep knows what each run really cost
+        measured = pd.to_numeric(rows.gpu_hours_measured, errors="coerce")
+        rows["gpu_hours"] = measured.where(np.isfinite(measured), rows.gpu_hours)
     layout = ["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
+    layout += [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp") if c in rows]
+    unique = rows.drop_duplicates(layout).reset_index(drop=True)
     return Replay(unique[layout], unique[["status", "tokens_per_s_per_gpu", "gpu_hours"]],
                   len(rows), float(rows.gpu_hours.sum()))
 

@@ -113,3 +113,18 @@ def test_broken_coefficients_file_is_named(small_runs: Path, spec: Path, tmp_pat
     assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive",
                  "--coefficients", str(bad)]) == 2
     assert "throughput.json: not a `sweep calibrate` file" in capsys.readouterr().err
+
+
+def test_runs_parquet_from_import_playbook_calibrates_and_replays(small_runs: Path, spec: Path,
+                                                                   tmp_path: Path,
+                                                                   capsys) -> None:
+    parquet = tmp_path / "runs.parquet"
+    assert main(["import-playbook", str(small_runs), "--out", str(parquet)]) == 0
+    out = tmp_path / "throughput.json"
+    assert main(["calibrate", str(parquet), "--spec", str(spec), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(parquet), "--spec", str(spec), "--strategy", "exhaustive",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["cells_total"] == report["cells_within_2pct"] == 4
+    assert report["published_runs"] == len(pd.read_csv(small_runs))
