@@ -31,33 +31,6 @@ class Fit:
     p90_abs_error: float
 
 
-def nnls(a: np.ndarray, b: np.ndarray, max_iter: int = 200) -> np.ndarray:
-    """Lawson–Hanson non-negative least squares: argmin ‖a·x − b‖, x ≥ 0."""
-    n = a.shape[1]
-    x = np.zeros(n)
-    passive = np.zeros(n, dtype=bool)
-    w = a.T @ (b - a @ x)
-    tol = 1e-10 * max(1.0, float(np.abs(a).max(initial=0.0)))
-    for _ in range(max_iter):
-        if passive.all() or (w[~passive] <= tol).all():
-            break
-        j = int(np.argmax(np.where(passive, -np.inf, w)))
-        passive[j] = True
-        while True:
-            z = np.zeros(n)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
-                x = z
-                break
-            neg = passive & (z <= 0)
-            alpha = np.min(x[neg] / (x[neg] - z[neg]))
-            x = x + alpha * (z - x)
-            passive &= x > tol
-            x[~passive] = 0.0
-        w = a.T @ (b - a @ x)
-    return x
-
-
 def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = Coefficients(),
                fixed: tuple[str, ...] = (), iterations: int = 3000, delta: float = 0.05,
                ridge: float = 1e-4, inter_scaling: float = 0.0) -> Coefficients:
@@ -182,5 +155,5 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
-__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix", "nnls",
+__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

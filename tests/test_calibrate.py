@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep.calibrate import fit, fit_matrix, nnls, observed_step_time, relative_errors
+from sweep.calibrate import fit, fit_matrix, observed_step_time, relative_errors
 from sweep.catalog import get_gpu, get_model
 from sweep.throughput import Coefficients, Workload, features, predict, tokens_per_step
 
@@ -33,18 +33,6 @@ def layouts() -> pd.DataFrame:
 def with_throughput(frame: pd.DataFrame, step: np.ndarray) -> pd.DataFrame:
     gpus = frame.dp * frame.tp * frame.pp
     return frame.assign(tokens_per_s_per_gpu=tokens_per_step(frame, WORK) / (step * gpus))
-
-
-def test_nnls_matches_least_squares_when_unconstrained_and_clips_otherwise() -> None:
-    rng = np.random.default_rng(0)
-    a = rng.uniform(0.1, 1, (50, 3))
-    x_true = np.array([1.0, 2.0, 0.5])
-    assert np.allclose(nnls(a, a @ x_true), x_true, atol=1e-8)
-    b = a @ np.array([1.0, -2.0, 0.5])
-    x = nnls(a, b)
-    assert (x >= 0).all()
-    unconstrained = np.linalg.lstsq(a, b, rcond=None)[0]
-    assert np.linalg.norm(a @ x - b) >= np.linalg.norm(a @ unconstrained - b) - 1e-9
 
 
 def test_fit_recovers_the_step_times_of_a_known_model() -> None:
