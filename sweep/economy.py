@@ -37,7 +37,9 @@ CELL: Final = ("model", "nodes")
 # Columns that define a layout apart from the micro-batch split of the global batch.
 LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
-MEMORY_COMPONENTS: Final = ("mem_states", "mem_activations", "mem_logits")
+# The planner's per-component estimate (`sweep.memory`), when the candidates carry it.
+PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients", "optimizer",
+                                                         "activations", "logits"))
 
 
 @dataclass(frozen=True)
@@ -74,12 +76,13 @@ class Search:
 def memory_components(frame: pd.DataFrame, work: Workload) -> pd.DataFrame:
     """Per-GPU memory by component, in relative units, for the dominance rule.
 
-    Uses the planner's `mem_*` columns when present; otherwise monotone proxies: model states
-    (weights + fp32 gradients + Adam, ZeRO-sharded), activations in flight on the first stage,
-    and logits on the last. Only their ordering matters: "needs more on every component".
+    Uses the planner's `mem_<component>_bytes` columns when present; otherwise monotone proxies:
+    model states (weights + fp32 gradients + Adam, ZeRO-sharded), activations in flight on the
+    first stage, and logits on the last. Only their ordering matters: "needs more on every
+    component".
     """
-    if all(c in frame for c in MEMORY_COMPONENTS):
-        return frame[list(MEMORY_COMPONENTS)].astype(float)
+    if all(c in frame for c in PLANNER_MEMORY):
+        return frame[list(PLANNER_MEMORY)].astype(float)
     shape, s = work.shape, work.seq_len
     dp, tp, pp, mbs, m = (frame[c].to_numpy(float) for c in ("dp", "tp", "pp", "mbs", "grad_acc"))
     cp = frame["cp"].to_numpy(float) if "cp" in frame else np.ones(len(frame))
@@ -504,5 +507,5 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
 
 
 __all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table",
-           "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+           "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components", "PLANNER_MEMORY",
            "score", "search"]

@@ -236,3 +236,18 @@ def test_planner_rows_go_straight_into_a_search() -> None:
     assert headline["cells_total"] == 3
     assert headline["cells_within_2pct"] == 3, table
     assert headline["runs_launched"] < 0.6 * len(kept)
+
+
+def test_dominance_uses_the_planners_memory_estimate_when_the_rows_carry_it() -> None:
+    from sweep.calibrate import workloads_for
+    from sweep.economy import PLANNER_MEMORY
+    from sweep.space import plan
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("name: tiny\nframework: nanotron\ngpu: h100-sxm\nmodels: [playbook-1b]\n"
+                      "nodes: [1]\nseq_len: 4096\nglobal_batch: {sequences: 64}\n"
+                      "axes: {mbs: [1, 2, 4], zero_stage: [0, 1]}\n")
+    kept = plan(spec).query("status == 'kept'")
+    memory = memory_components(kept, workloads_for(spec)["playbook-1b"])
+    assert list(memory.columns) == list(PLANNER_MEMORY)
+    assert memory.loc[kept.index[0], "mem_weights_bytes"] == kept["mem_weights_bytes"].iloc[0]
