@@ -507,5 +507,5 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
 
 
 __all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table",
-           "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components", "PLANNER_MEMORY",
-           "score", "search"]
+           "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
+           "PLANNER_MEMORY", "score", "search"]
