@@ -226,10 +226,11 @@ def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> d
 
 
 def render_files(env: jinja2.Environment, config: RunConfig, run_dir: Path,
-                 launch_names: list[str] | None = None) -> dict[str, str]:
-    """The text of every file of one run folder, by relative path. Pure apart from reading
-    templates."""
-    doc = config.to_json()
+                 launch_names: list[str] | None = None,
+                 doc: dict[str, Any] | None = None) -> dict[str, str]:
+    """The text of every file of one run folder, by relative path (`doc`: config.to_json(),
+    when the caller has it already). Pure apart from reading templates."""
+    doc = doc or config.to_json()
     context = template_context(config, doc, run_dir)
     files = {RUN_FILE: json.dumps(doc, indent=2, sort_keys=True) + "\n",
              JOB_FILE: render_template(env, JOB_TEMPLATE, context)}
@@ -304,11 +305,12 @@ def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
     rendered: dict[Path, dict[str, str]] = {}
     for row in kept_rows(plan_df):
         config = resolve(row)
-        run_dir = out / RUNS_DIR / config.run_id
+        doc = config.to_json()
+        run_dir = out / RUNS_DIR / doc["run_id"]
         if run_dir in rendered:
-            raise RenderError(f"two plan rows resolve to the same run {config.run_id} "
+            raise RenderError(f"two plan rows resolve to the same run {doc['run_id']} "
                               f"(the second: {row}); the plan has duplicate rows")
-        rendered[run_dir] = render_files(env, config, run_dir, launch_names)
+        rendered[run_dir] = render_files(env, config, run_dir, launch_names, doc)
     for run_dir, files in rendered.items():
         write_run(run_dir, {rel: text for rel, text in files.items() if rel != RUN_FILE})
     # run.json writes are fsync-bound: in parallel, the file system commits many at once.
