@@ -242,25 +242,37 @@ def render_files(env: jinja2.Environment, config: RunConfig, run_dir: Path,
 # Writing ---------------------------------------------------------------------------------
 
 def write_if_changed(path: Path, text: str, durable: bool = True) -> bool:
-    """Write atomically unless the file already holds exactly this text.
+    """Write unless the file already holds exactly this text; returns whether it wrote.
 
     run.json is state (the watchdog, the workload and collect read it): written with
-    sweep.state's fsync'd writer. Scripts are derived artifacts that `sweep render` regenerates
-    at will: they are still replaced atomically (rename), so sbatch never reads half a script,
-    but without an fsync each, which would make rendering a large sweep disk-bound (14,000
-    fsyncs for the playbook)."""
+    sweep.state's fsync'd atomic writer. Scripts are derived artifacts that `sweep render`
+    regenerates at will, written without an fsync each (that would make rendering a large sweep
+    disk-bound: 14,000 fsyncs for the playbook). A changed script is replaced atomically
+    (rename), so sbatch never reads half of it; a new one is created in place (O_EXCL), as no
+    job can be reading a script that did not exist, and an interrupted write differs from the
+    rendered text, so the next render repairs it."""
     try:
         if path.read_text(encoding="utf-8") == text:
             return False
-    except (FileNotFoundError, UnicodeDecodeError):
-        pass
+        exists = True
+    except FileNotFoundError:
+        exists = False
+    except UnicodeDecodeError:
+        exists = True
     if durable:
         atomic_write_text(path, text)
-    else:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
+        return True
+    if not exists:
+        try:
+            with open(path, "x", encoding="utf-8") as handle:
+                handle.write(text)
+            return True
+        except FileExistsError:
+            pass
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
     return True
 
 

@@ -207,3 +207,14 @@ def test_sweep_render_writes_the_kept_runs_of_a_spec(tmp_path: Path,
     assert "holds runs of another spec" in capsys.readouterr().err
     assert main(["render", str(spec), "--out", str(tmp_path / "bad dir")]) == 2
     assert "--out:" in capsys.readouterr().err
+
+
+def test_a_damaged_script_is_repaired_by_the_next_render(tmp_path: Path) -> None:
+    [run_dir] = render.render_runs(parse_spec(SPEC), plan(row()), tmp_path)
+    script = run_dir / "job.sbatch"
+    whole = script.read_text()
+    script.write_text(whole[: len(whole) // 2])  # as if a render had been killed mid-write
+    (run_dir / "launch" / "stale.sh").write_text("left over\n")
+    render.render_runs(parse_spec(SPEC), plan(row()), tmp_path)
+    assert script.read_text() == whole
+    assert sorted(p.name for p in (run_dir / "launch").iterdir()) == ["builtin.sh"]
