@@ -300,15 +300,27 @@ class LocalBackend:
             pass
 
     def _members(self, job: _Job) -> list[psutil.Process]:
-        members = []
+        """The job's live processes: its process group (the job runs in a session of its
+        own), and every descendant seen, which covers those that left the group (the watchdog
+        starts each launcher in a new session) and were then orphaned. Slurm has a cgroup."""
+        assert job.process is not None
+        self._remember_descendants(job)
+        members: dict[int, psutil.Process] = {}
+        for process in psutil.process_iter():
+            try:
+                if os.getpgid(process.pid) == job.process.pid:
+                    job.seen.setdefault(process.pid, process.create_time())
+            except (OSError, psutil.Error):
+                continue
         for pid, created in job.seen.items():
             try:
                 process = psutil.Process(pid)
                 if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
-                    members.append(process)
+                    members[pid] = process
             except psutil.Error:
                 continue
-        return members
+        members.pop(job.process.pid, None)
+        return list(members.values())
 
     def _alive(self, job: _Job) -> bool:
         return bool(self._members(job)) or (job.process is not None

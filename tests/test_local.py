@@ -163,10 +163,19 @@ def test_each_run_of_a_job_gets_a_new_attempt_folder(tmp_path: Path) -> None:
     assert first.job_id != second.job_id
 
 
-def test_a_job_of_the_real_template_reaches_the_watchdog_command(tmp_path: Path) -> None:
-    """The rendered job.sbatch itself, up to the srun line (sweep.watchdog may be missing)."""
+@pytest.mark.slow
+def test_a_two_node_run_gets_one_watchdog_per_node_and_completes(tmp_path: Path) -> None:
+    """The rendered job.sbatch, the emulated srun, two watchdogs, torchrun on each emulated node
+    (static rendezvous at MASTER_ADDR:MASTER_PORT) and the built-in workload on 4 ranks."""
     [run_dir] = render_runs(parse_spec(SPEC), pd.DataFrame([plan_row(2)]), tmp_path)
     [result] = local.run_local([run_dir], slots=2)
+    status = json.loads((result.attempt_dir / "status.json").read_text())
+    assert (result.state, status["outcome"]) == ("COMPLETED", "completed"), status
+    assert status["nodes"] == ["127.0.0.1", "127.0.0.2"]
+    assert (result.attempt_dir / "node0.json").is_file()
+    assert (result.attempt_dir / "node1.json").is_file()
+    summary = json.loads((result.attempt_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["kind"] == "summary" and summary["world_size"] == 4
     env = json.loads((result.attempt_dir / "env.json").read_text())
     assert env["nodes"] == ["127.0.0.1", "127.0.0.2"]
     assert env["slurm_job_id"] == str(result.job_id)
