@@ -8,6 +8,7 @@ runs the same script with the emulated srun, watchdog and workload.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -115,3 +116,46 @@ def test_outside_slurm_the_script_says_how_to_run_it(job: tuple[Path, dict[str, 
     assert done.returncode == 2
     assert "submit with sbatch" in (tmp_path / "o").read_text()
     assert not list((run_dir / "attempts").iterdir())
+
+
+def _cluster_up() -> bool:
+    import shutil
+
+    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        return False
+    try:
+        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_the_same_script_runs_a_two_node_job_under_real_slurm(tmp_path: Path,
+                                                              repo_root: Path) -> None:
+    """sbatch on the local cluster (scripts/local-slurm.sh start): real srun, two nodes, two
+    watchdogs, torchrun rendezvous at the first node, the built-in workload. --mem on the command
+    line only because the local cluster gives 1 GiB per CPU by default."""
+    if not _cluster_up():
+        pytest.skip("no local Slurm cluster (scripts/local-slurm.sh start)")
+    from sweep import space
+    from sweep.spec import load_spec
+
+    spec = load_spec(repo_root / "examples" / "local-cpu.yaml")
+    plan = space.plan(spec)
+    row = plan[(plan.nodes == 2) & (plan.dp == 4) & (plan.model == "tiny-4l")]
+    [run_dir] = render_runs(spec, row, tmp_path / "sweep")
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                  os.environ["PATH"]])}
+    done = subprocess.run(["sbatch", "--parsable", "--wait", "--mem=3G",
+                           str(run_dir / "job.sbatch")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    attempt = run_dir / "attempts" / "1"
+    status = json.loads((attempt / "status.json").read_text())
+    assert status["outcome"] == "completed" and status["slurm_job_id"] == job_id, status
+    provenance = json.loads((attempt / "env.json").read_text())
+    assert len(provenance["nodes"]) == 2
+    assert provenance["env"]["MASTER_ADDR"] == provenance["nodes"][0]
+    assert os.readlink(attempt / "job.out") == str(run_dir / "attempts" / f"slurm-{job_id}.out")
