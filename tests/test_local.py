@@ -256,3 +256,18 @@ def test_finished_runs_are_those_with_a_verdict_other_than_cancelled(tmp_path: P
     assert not local.finished(run_dir)
     [result] = local.run_local([run_dir])
     assert result.state == "COMPLETED" and local.finished(run_dir)
+
+
+@pytest.mark.slow
+def test_the_signal_before_the_time_limit_reaches_the_watchdogs(tmp_path: Path) -> None:
+    """--signal=B:USR1@s from the rendered script: the backend signals the batch shell, which
+    passes it through srun to the watchdog, which stops the run and calls it a timeout."""
+    spec = parse_spec(SPEC.replace("run: {steps: 4, warmup_steps: 1}",
+                                   'run: {steps: 100000, warmup_steps: 1, time_limit: "00:00:20", '
+                                   "signal_before_s: 10, exclusive: false}"))
+    [run_dir] = render_runs(spec, pd.DataFrame([plan_row(1)]), tmp_path)
+    assert "#SBATCH --signal=B:USR1@10" in (run_dir / "job.sbatch").read_text()
+    [result] = local.run_local([run_dir], slots=2)
+    status = json.loads((result.attempt_dir / "status.json").read_text())
+    assert status["outcome"] == "timeout" and "USR1" in status["signals"], status
+    assert 10 <= result.elapsed_s < 20  # stopped after the signal, before the limit

@@ -1,9 +1,10 @@
 """job.sbatch's environment contract, run for real under bash as a job-array task would run it.
 
-Here `srun` is a recording stand-in (a shell script that writes its arguments and environment
-and exits), because the subject is the job script's own logic: attempt folders, the node list,
-MASTER_ADDR/MASTER_PORT, the exports, and the exact watchdog command line. tests/test_local.py
-runs the same script with the emulated srun, watchdog and workload.
+In most tests `srun` is a recording stand-in (a shell script that writes its arguments and
+environment and exits), because the subject is the job script's own logic: attempt folders,
+the node list, MASTER_ADDR/MASTER_PORT, the exports, and the exact watchdog command line. The
+last test submits the same script to the real local Slurm cluster; tests/test_local.py runs it
+with the emulated srun, the watchdog and the workload.
 """
 
 from __future__ import annotations
