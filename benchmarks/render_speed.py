@@ -55,7 +55,8 @@ def main() -> None:
         print(f"render: {runs} runs, {files} files in {wall:.2f} s wall ({cpu:.2f} s CPU); "
               f"again {again:.2f} s, files unchanged: {unchanged}")
     best, median = min(firsts), statistics.median(firsts)
-    print(f"spec {args.spec.name}: {len(plan)} candidates planned in {plan_wall:.2f} s, {runs} kept")
+    print(f"spec {args.spec.name}: {len(plan)} candidates planned in {plan_wall:.2f} s, "
+          f"{runs} kept")
     print(f"runs={runs} files={files} render_s_best={best:.2f} render_s_median={median:.2f} "
           f"render_cpu_s={min(firsts_cpu):.2f} rerender_s={min(agains):.2f} "
           f"target_s=10 ok={best < 10}")

@@ -4,8 +4,9 @@ Templates are Jinja with `StrictUndefined`, so a misspelt variable is an error, 
 string. Every string a template outputs must come from a quoting filter, and rendering refuses
 any other (Jinja's `finalize` hook): `shq` (shlex.quote) for the shell, `slurm` for #SBATCH
 values (a strict pattern; #SBATCH lines are not shell-parsed, so quoting cannot help there),
-`tojson` for YAML, `comment` for comments. Numbers pass as they are. A user's `templates_dir` overrides the packaged templates file by
-file. Rendering is idempotent: a file whose content would not change is not rewritten.
+`tojson` for YAML, `comment` for comments. Numbers pass as they are. A user's `templates_dir`
+overrides the packaged templates file by file. Rendering is idempotent: a file whose content
+would not change is not rewritten.
 """
 
 from __future__ import annotations

@@ -63,8 +63,8 @@ def test_host_lists_expand_like_scontrol_show_hostnames() -> None:
 
 
 def test_sbatch_directives_stop_at_the_first_command() -> None:
-    script = "#!/bin/bash\n# comment\n#SBATCH --nodes=2\n#SBATCH --time=00:01:00 --signal=B:USR1@30\n" \
-             "echo hi\n#SBATCH --nodes=9\n"
+    script = ("#!/bin/bash\n# comment\n#SBATCH --nodes=2\n"
+              "#SBATCH --time=00:01:00 --signal=B:USR1@30\necho hi\n#SBATCH --nodes=9\n")
     assert local.parse_directives(script) == {"nodes": "2", "time": "00:01:00",
                                               "signal": "B:USR1@30"}
     assert local.slurm_seconds("1-00:00:05") == 86405
@@ -97,7 +97,8 @@ def test_a_two_node_job_gets_one_task_per_node_with_slurms_environment(tmp_path:
         mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
         echo "master=${NODES[0]} job=$SLURM_JOB_ID attempt=$SWEEP_ATTEMPT_DIR"
         srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c \\
-          'echo "$SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $SLURM_NNODES" > "$SWEEP_ATTEMPT_DIR/task$SLURM_NODEID"'
+          'echo "$SLURM_NODEID $SLURM_PROCID $SLURMD_NODENAME $SLURM_NNODES" \\
+             > "$SWEEP_ATTEMPT_DIR/task$SLURM_NODEID"'
         """, nodes=2)
     [result] = local.run_local([run_dir], slots=2)
     assert result.state == "COMPLETED" and result.exit_code == "0:0"
@@ -113,7 +114,7 @@ def test_a_two_node_job_gets_one_task_per_node_with_slurms_environment(tmp_path:
 def test_a_failing_task_stops_the_others_and_the_job_fails(tmp_path: Path) -> None:
     run_dir = run_with_script(tmp_path, """
         srun --kill-on-bad-exit=1 bash -c \\
-          'if [[ $SLURM_NODEID == 1 ]]; then exit 3; fi; echo $$ > "$SWEEP_ATTEMPT_DIR/pid0"; sleep 60'
+          'if [[ $SLURM_NODEID == 1 ]]; then exit 3; fi; sleep 60'
         """, nodes=2)
     started = time.monotonic()
     [result] = local.run_local([run_dir], slots=4)

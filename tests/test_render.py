@@ -114,7 +114,8 @@ def test_a_changed_setting_rewrites_only_what_changed(tmp_path: Path) -> None:
 def test_user_templates_override_the_packaged_ones_file_by_file(tmp_path: Path) -> None:
     mine = tmp_path / "mytemplates"
     mine.mkdir()
-    (mine / "job.sbatch.j2").write_text("#!/bin/bash\n# mine {{ run_id | comment }} {{ s.steps }}\n")
+    (mine / "job.sbatch.j2").write_text(
+        "#!/bin/bash\n# mine {{ run_id | comment }} {{ s.steps }}\n")
     spec = parse_spec(SPEC + "templates_dir: mytemplates\n")
     [run_dir] = render.render_runs(spec, plan(row()), tmp_path / "out", spec_dir=tmp_path)
     assert (run_dir / "job.sbatch").read_text() == f"#!/bin/bash\n# mine {run_dir.name} 4\n"
@@ -130,7 +131,8 @@ def test_a_missing_templates_dir_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize("body, line, message", [
     ("#!/bin/bash\n# ok\necho {{ no_such_variable }}\n", 3, "no_such_variable"),
     ("#!/bin/bash\n{% if %}\n", 2, "syntax error"),
-    ("#!/bin/bash\n\n\n#SBATCH --partition={{ 'a b' | slurm }}\n", 4, "cannot appear in an #SBATCH"),
+    ("#!/bin/bash\n\n\n#SBATCH --partition={{ 'a b' | slurm }}\n", 4,
+     "cannot appear in an #SBATCH"),
     ("#!/bin/bash\n{% if true %}\necho {{ run_id }}\n{% endif %}\n", 3, "is output unquoted"),
     ("#!/bin/bash\necho {{ s.env }}\n", 2, "cannot be output as it is"),
 ])
@@ -194,7 +196,8 @@ def test_sweep_render_writes_the_kept_runs_of_a_spec(tmp_path: Path,
     from sweep.cli import main
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("overrides:", "axes: {tp: [1], pp: [1], mbs: [1], zero_stage: [0]}\noverrides:"))
+    axes = "axes: {tp: [1], pp: [1], mbs: [1], zero_stage: [0]}\n"
+    spec.write_text(SPEC.replace("overrides:", axes + "overrides:"))
     assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 0
     dirs = sorted((tmp_path / "sweep" / "runs").iterdir())
     assert len(dirs) == 4  # two models x one and two nodes, DP only

@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scontrol: error: {error}", file=sys.stderr)
         return 1
     if not hosts:
-        print("scontrol: error: no host list given and SLURM_JOB_NODELIST is empty", file=sys.stderr)
+        print("scontrol: error: no host list given and SLURM_JOB_NODELIST is empty",
+              file=sys.stderr)
         return 1
     print("\n".join(hosts))
     return 0
