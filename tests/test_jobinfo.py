@@ -62,7 +62,8 @@ def test_no_job_end_time_outside_slurm() -> None:
 
 
 def test_an_emulated_job_id_is_not_mistaken_for_a_real_clusters_job(slurm_cluster: None) -> None:
-    job = subprocess.run(["sbatch", "--parsable", "--time=1", "--wrap", "sleep 30"],
+    job = subprocess.run(["sbatch", "--parsable", "--time=1", "--output=/dev/null",
+                          "--wrap", "sleep 30"],
                          capture_output=True, text=True, check=True).stdout.strip()
     try:
         nodelist = ""

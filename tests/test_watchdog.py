@@ -99,7 +99,7 @@ def test_no_first_step_within_the_startup_timeout_is_a_startup_hang(run: Run) ->
 
 
 def test_a_grandchild_that_escaped_with_setsid_is_found_by_tag_and_killed(run: Run) -> None:
-    done = run.supervise(["bash", "-c", "setsid sleep 300 & echo $! > escaped.pid; "
+    done = run.supervise(["bash", "-c", f"setsid sleep 300 & echo $! > {run.root}/escaped.pid; "
                                         f"{sys.executable} -c 'print(1)'; exit 0"])
     assert done.returncode == 0, done.stderr
     stop = read_json(run.attempt / "node0.json")["observed"]["stop"]
