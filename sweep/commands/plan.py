@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
 def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> None:
     """plan.parquet and spec.yaml, each written whole or not at all."""
-    previous = _planned_hash(out / SPEC_COPY)
+    previous = planned_hash(out / SPEC_COPY)
     if previous not in (None, spec.spec_hash()) and (out / "runs").exists():
         raise UserError(f"{out} holds runs of another spec (hash {previous}); give --out a new "
                         "directory, or remove the old sweep first")
@@ -78,7 +78,8 @@ def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> N
     atomic_write_text(out / SPEC_COPY, header + spec_path.read_text(encoding="utf-8"))
 
 
-def _planned_hash(path: Path) -> str | None:
+def planned_hash(path: Path) -> str | None:
+    """The spec hash in the header of a sweep folder's spec.yaml (None: not planned)."""
     try:
         first = path.read_text(encoding="utf-8").splitlines()[0]
     except (OSError, IndexError):

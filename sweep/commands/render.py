@@ -3,15 +3,29 @@
 The plan comes from `--plan`, else from DIR/plan.parquet when `sweep plan` wrote it for this very
 spec (DIR/spec.yaml carries the spec hash), else the spec is planned now and the plan written
 as `sweep plan` would, so that a sweep folder always holds the plan its runs came from.
+`render_sweep` is that whole step; `sweep run` and `sweep submit SPEC` call it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from sweep.cli import UserError
+from sweep.spec import Spec
+
+
+@dataclass(frozen=True)
+class Rendered:
+    spec: Spec
+    out: Path  # the sweep folder
+    plan: pd.DataFrame
+    run_dirs: list[Path]  # one per kept plan row, in plan order
+    plan_source: str  # where the plan came from, for messages
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,27 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a plan.parquet to render (default: the sweep folder's, if current)")
 
 
-def planned_hash(spec_copy: Path) -> str | None:
-    """The spec hash in the header of a sweep folder's spec.yaml (None: not planned)."""
-    try:
-        first = spec_copy.read_text(encoding="utf-8").splitlines()[0]
-    except (FileNotFoundError, IndexError):
-        return None
-    return first.removeprefix("# spec_hash: ").strip() if first.startswith("# spec_hash:") else None
-
-
-def run(args: argparse.Namespace) -> int:
-    import pandas as pd
-
+def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | None = None
+                 ) -> Rendered:
+    """Plan (or reuse the sweep folder's current plan) and render every kept run."""
     from sweep import space
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY, write_plan
+    from sweep.commands.plan import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
     from sweep.render import render_runs
     from sweep.spec import load_spec
 
-    spec = load_spec(args.spec)
-    out = args.out or Path("results") / spec.name
-    started = time.perf_counter()
-    plan_file = args.plan
+    spec = load_spec(spec_path)
+    out = out or Path("results") / spec.name
     if plan_file is None and planned_hash(out / SPEC_COPY) == spec.spec_hash() \
             and (out / PLAN_FILE).is_file():
         plan_file = out / PLAN_FILE
@@ -55,10 +58,17 @@ def run(args: argparse.Namespace) -> int:
         try:
             plan = space.plan(spec)
         except space.PlanError as error:
-            raise UserError(f"{args.spec}: {error}") from None
-        write_plan(out, spec, args.spec, plan)
-    run_dirs = render_runs(spec, plan, out, spec_dir=args.spec.resolve().parent)
+            raise UserError(f"{spec_path}: {error}") from None
+        write_plan(out, spec, spec_path, plan)
+    run_dirs = render_runs(spec, plan, out, spec_dir=spec_path.resolve().parent)
     source = f"plan {plan_file}" if plan_file else f"a new plan ({out / PLAN_FILE})"
-    print(f"rendered {len(run_dirs)} run(s) of {len(plan)} candidate(s) from {source} into "
-          f"{out / 'runs'} in {time.perf_counter() - started:.1f} s")
+    return Rendered(spec, out, plan, run_dirs, source)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    rendered = render_sweep(args.spec, args.out, args.plan)
+    print(f"rendered {len(rendered.run_dirs)} run(s) of {len(rendered.plan)} candidate(s) from "
+          f"{rendered.plan_source} into {rendered.out / 'runs'} in "
+          f"{time.perf_counter() - started:.1f} s")
     return 0
