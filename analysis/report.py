@@ -30,6 +30,7 @@ class Report:
     best: pd.DataFrame
     convention: str
     notes: list[str] = field(default_factory=list)
+    attempts: int = 0
 
 
 def resolve_convention(runs: pd.DataFrame, convention: str) -> tuple[str, list[str]]:
@@ -41,9 +42,11 @@ def resolve_convention(runs: pd.DataFrame, convention: str) -> tuple[str, list[s
 
 
 def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_METRIC,
-                 convention: str = DEFAULT_CONVENTION, plan: pd.DataFrame | None = None) -> Report:
+                 convention: str = DEFAULT_CONVENTION, plan: pd.DataFrame | None = None,
+                 search: pd.DataFrame | None = None) -> Report:
     """Every figure and table of `runs` (runs.parquet) under `out_dir`; `plan` (plan.parquet,
-    optional) names why cells that never ran are empty."""
+    optional) names why cells that never ran are empty; `search` (a search strategy's per-cell
+    progress, optional) shows how many runs each cell launched and skipped, and why."""
     out_dir = Path(out_dir)
     check_frame(runs.columns)
     if runs.empty:
@@ -73,10 +76,15 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
     flags_md = out_dir / "flags.md"
     flags_md.write_text(_flags_markdown(flags), encoding="utf-8")
     files.append(flags_md)
+    if search is not None:
+        search_md = out_dir / "search.md"
+        search_md.write_text(to_markdown(search) + "\n", encoding="utf-8")
+        files.append(search_md)
     index = out_dir / "index.html"
-    index.write_text(_index_html(runs, best, counts, flags, ranked, convention, notes), encoding="utf-8")
+    index.write_text(_index_html(runs, best, counts, flags, ranked, convention, notes, search),
+                     encoding="utf-8")
     files.append(index)
-    return Report(out_dir, files, flags, best, convention, notes)
+    return Report(out_dir, files, flags, best, convention, notes, attempts=len(runs))
 
 
 def _flags_markdown(flags: list[Flag]) -> str:
@@ -118,6 +126,11 @@ th:first-child,td:first-child{text-align:left}
 <h2>Failures</h2>
 <img src="failures.png" alt="Attempts per cell by outcome class">
 {{ failure_table }}
+{% if search_table %}<h2>Search</h2>
+<p class="muted">The search strategy launched these runs per cell and skipped the rest, for the
+reasons in the <code>skipped:</code> columns (every candidate's fate: search_runs.csv in the sweep
+folder).</p>
+{{ search_table }}{% endif %}
 <h2>MFU distribution per cell</h2>
 <img src="mfu_distribution.png" alt="MFU of every completed run per cell">
 </body></html>
@@ -125,7 +138,8 @@ th:first-child,td:first-child{text-align:left}
 
 
 def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, flags: list[Flag],
-                ranked: str, convention: str, notes: list[str]) -> str:
+                ranked: str, convention: str, notes: list[str],
+                search: pd.DataFrame | None = None) -> str:
     outcomes = runs["outcome"].value_counts()  # whole-column operations: 4,000 rows stay cheap
     sources = ", ".join(sorted(runs["source"].dropna().unique()))
     sweeps = ", ".join(sorted(runs["sweep"].dropna().unique())) or "sweep"
@@ -137,7 +151,8 @@ def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, fl
     return _TEMPLATE.render(
         title=f"llm-sweep report: {sweeps}", summary=summary, notes=notes, flags=flags,
         best_table=Markup(best_display(best).to_html(index=False, border=0)),  # pandas escapes
-        failure_table=Markup(failure_table.to_html(index=False, border=0)))
+        failure_table=Markup(failure_table.to_html(index=False, border=0)),
+        search_table=None if search is None else Markup(search.to_html(index=False, border=0)))
 
 
 def markdown_summary(report: Report) -> str:

@@ -1,0 +1,147 @@
+"""`sweep run SPEC [--out DIR] [--strategy S] [--slots N]`: a whole sweep on this machine.
+
+plan → render → run every job.sbatch through the local backend (the scripts a cluster would
+run, with Slurm's environment emulated) → collect → report. Runs that already have a verdict are
+not run again, so a second `sweep run` on a finished sweep does nothing, and one after an
+interruption (Ctrl-C, `kill`) finishes the rest. With `--strategy pruned|adaptive` the search of
+sweep.economy picks the runs, round by round, and what it skipped is written beside runs.parquet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from sweep.calibrate import workloads_for
+from sweep.cli import UserError
+from sweep.commands.render import Rendered, render_sweep
+from sweep.economy import STRATEGIES, Params
+from sweep.live_search import Executor, LiveSearch, search_sweep, write_search
+from sweep.local import LocalBackend, LocalResult, finished
+from sweep.runconfig import load as load_run
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", type=Path, help="the sweep spec (YAML)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the sweep folder (default: results/<spec name>)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
+                        help="which runs to launch (default %(default)s: every kept run)")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="CPU slots to fill at once; a job takes nodes × ranks per node "
+                             "(default: this machine's CPU count)")
+    parser.add_argument("--no-report", action="store_true", help="stop after collect")
+
+
+class RunProgress:
+    """A progress bar (runs done, running, failed, ETA) on a terminal, one line per finished run
+    everywhere (a log file or CI shows those)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.failed = 0
+        self.running = 0
+        self.done = 0
+        self._progress = Progress(
+            TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("running {task.fields[running]} · failed {task.fields[failed]}"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+            transient=False)
+        self._task = self._progress.add_task("runs", total=0, running=0, failed=0)
+
+    def __enter__(self) -> RunProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def add(self, count: int) -> None:
+        total = self._progress.tasks[0].total or 0
+        self._progress.update(self._task, total=total + count)
+
+    def started(self, _run_dir: Path, _job_id: int) -> None:
+        self.running += 1
+        self._refresh()
+
+    def finished(self, result: LocalResult) -> None:
+        self.running -= 1
+        self.done += 1
+        outcome = result.outcome or result.state.lower()
+        self.failed += outcome != "completed"
+        config = load_run(result.run_dir)
+        colour = "green" if outcome == "completed" else "red"
+        self._progress.console.print(
+            f"[{colour}]{outcome:<10}[/] {config.model.name} × {config.nodes} node(s) "
+            f"{config.layout.label()}  {result.elapsed_s:.1f} s  {result.attempt_dir}",
+            highlight=False, soft_wrap=True)
+        self._progress.advance(self._task)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._progress.update(self._task, running=self.running, failed=self.failed)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.slots is not None and args.slots < 1:
+        raise UserError(f"--slots: must be at least 1, got {args.slots}")
+    started = time.perf_counter()
+    console = Console()
+    rendered = render_sweep(args.spec, args.out)
+    out, run_dirs = rendered.out, rendered.run_dirs
+    pending = [d for d in run_dirs if not finished(d)]
+    console.print(f"{rendered.spec.name}: {len(run_dirs)} run(s) rendered from "
+                  f"{rendered.plan_source}, {len(run_dirs) - len(pending)} already have a "
+                  f"verdict → {out}", highlight=False, soft_wrap=True)
+
+    with RunProgress(console) as progress:
+        backend = LocalBackend(args.slots, on_start=progress.started,
+                               on_finish=progress.finished)
+
+        def execute(batch: Sequence[Path]) -> None:
+            progress.add(len(batch))
+            if batch:
+                backend.run(batch)
+
+        if args.strategy == "exhaustive":
+            execute(pending)
+            search = None
+        else:
+            search = _search(rendered, args.strategy, execute)
+    if search is not None:
+        console.print(f"{args.strategy}: launched {search.launched} of {len(search.candidates)} "
+                      f"run(s), saved {search.saved}; per-cell progress in "
+                      f"{out / 'search_progress.csv'}", highlight=False, soft_wrap=True)
+
+    from sweep.collect import update_runs
+
+    result, runs_path = update_runs(out)
+    outcomes = result.table.column("outcome").value_counts().to_pylist()
+    counts = ", ".join(f"{item['counts']} {item['values']}" for item in outcomes)
+    console.print(f"collected {result.table.num_rows} attempt(s) ({counts}) → {runs_path}",
+                  highlight=False, soft_wrap=True)
+    if not args.no_report:
+        from sweep.commands.report import report_sweep
+
+        report = report_sweep(runs_path, out / "report")
+        console.print(f"report → {report.out_dir / 'index.html'}\n"
+                      f"  heatmap: {report.out_dir / 'heatmap_best.png'}\n"
+                      f"  best configurations: {report.out_dir / 'best_configs.md'} "
+                      f"(also .csv, .tex)", highlight=False, soft_wrap=True)
+    console.print(f"done in {time.perf_counter() - started:.0f} s", highlight=False)
+    return 0
+
+
+def _search(rendered: Rendered, strategy: str, execute: Executor) -> LiveSearch:
+    search = search_sweep(rendered.out, rendered.plan, strategy, workloads_for(rendered.spec),
+                          execute, finished, Params())
+    write_search(rendered.out, search)
+    return search

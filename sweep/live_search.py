@@ -1,0 +1,110 @@
+"""A search strategy over a live sweep: economy's oracle answered by running and collecting.
+
+`sweep.economy.search` asks an oracle for the outcomes of a batch of candidates. In a replay the
+oracle is a published table; here it runs the candidates' rendered run folders (through any
+executor: the local backend, or Slurm) and reads their outcomes back from the attempt folders
+through `sweep collect`, so a strategy sees exactly what the report will show. A run that already
+has a verdict is not run again: its latest attempt answers, so an interrupted adaptive sweep
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from sweep import economy
+from sweep.collect import update_runs
+from sweep.space import KEPT
+from sweep.throughput import Workload
+
+SEARCH_PROGRESS_FILE: Final = "search_progress.csv"
+SEARCH_RUNS_FILE: Final = "search_runs.csv"
+# economy's outcome classes: what the skipping rules and the model need to know.
+_STATUS: Final = {"completed": "completed", "oom": "oom"}
+
+Executor = Callable[[Sequence[Path]], None]
+Finished = Callable[[Path], bool]
+
+
+@dataclass(frozen=True)
+class LiveSearch:
+    """What a strategy did on a live sweep."""
+
+    result: economy.Search
+    candidates: pd.DataFrame  # kept plan rows, indexed 0..n-1, with run_id
+    progress: pd.DataFrame  # economy.progress: per cell
+
+    @property
+    def launched(self) -> int:
+        return len(self.result.launched)
+
+    @property
+    def saved(self) -> int:
+        return len(self.candidates) - self.launched
+
+
+def candidates_of(plan: pd.DataFrame) -> pd.DataFrame:
+    """The kept plan rows as search candidates, indexed 0..n-1 (economy indexes by position)."""
+    kept = plan[plan["status"] == KEPT] if "status" in plan else plan
+    return kept.reset_index(drop=True)
+
+
+def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFrame:
+    """The latest attempt of each run as economy outcomes (status, tokens/s/GPU, GPU-hours).
+
+    A completed run that logged no throughput cannot be ranked: it counts as failed, as does a
+    run with no attempt at all (its job never started)."""
+    latest = (runs.sort_values(["run_id", "attempt"]).groupby("run_id").tail(1)
+              .set_index("run_id").reindex(list(run_ids)))
+    tps = pd.to_numeric(latest["tokens_per_sec_per_gpu"], errors="coerce")
+    status = latest["outcome"].map(_STATUS).fillna("failed")
+    status = status.where((status != "completed") | tps.notna(), "failed")
+    hours = pd.to_numeric(latest.get("gpu_hours"), errors="coerce").fillna(0.0)
+    return pd.DataFrame({"status": status.to_numpy(),
+                         "tokens_per_s_per_gpu": np.where(status == "completed", tps, np.nan),
+                         "gpu_hours": hours.to_numpy(float)})
+
+
+def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
+                 workloads: Mapping[str, Workload], execute: Executor, finished: Finished,
+                 params: economy.Params = economy.Params()) -> LiveSearch:
+    """Run `strategy` over the sweep's kept runs: each round's runs go to `execute` (those not
+    `finished` yet), then the sweep is collected and the round's outcomes read back."""
+    candidates = candidates_of(plan)
+    run_dir = {i: sweep_dir / "runs" / str(run_id) for i, run_id in candidates["run_id"].items()}
+
+    def oracle(ids: pd.Index) -> pd.DataFrame:
+        execute([run_dir[int(i)] for i in ids if not finished(run_dir[int(i)])])
+        result, _ = update_runs(sweep_dir)
+        runs = result.table.select(["run_id", "attempt", "outcome", "tokens_per_sec_per_gpu",
+                                    "gpu_hours"]).to_pandas()
+        answer = outcomes_from_runs(runs, [str(candidates.at[int(i), "run_id"]) for i in ids])
+        return answer.set_axis(ids)
+
+    result = economy.search(candidates, oracle, strategy, workloads, params=params)
+    progress = economy.progress(result, candidates)
+    return LiveSearch(result, candidates, progress)
+
+
+def write_search(sweep_dir: Path, search: LiveSearch) -> list[Path]:
+    """Per-cell progress and every candidate's fate (launched in round r, or skipped and why),
+    beside runs.parquet, so the report can show what was not run and why."""
+    progress_path = sweep_dir / SEARCH_PROGRESS_FILE
+    search.progress.rename_axis("cell").to_csv(progress_path)
+    ids = search.candidates["run_id"]
+    launched = search.result.launched.assign(
+        run_id=ids[search.result.launched.candidate].to_numpy(), fate="launched",
+        reason="")[["run_id", "model", "nodes", "fate", "round", "status", "reason"]]
+    skipped = search.result.skipped.assign(
+        run_id=ids[search.result.skipped.candidate].to_numpy(), fate="skipped",
+        round=np.nan, status="")[["run_id", "model", "nodes", "fate", "round", "status",
+                                  "reason"]]
+    runs_path = sweep_dir / SEARCH_RUNS_FILE
+    pd.concat([launched, skipped], ignore_index=True).to_csv(runs_path, index=False)
+    return [progress_path, runs_path]
