@@ -166,7 +166,9 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
         if status:
             issues.append("status.json missing: verdict taken from the node files")
     status = status or {}
-    job_id = _first(status, "slurm_job_id") or env_job_id(env)
+    # An array task is `<array>_<task>` in sacct, while its status.json has the task's own id.
+    job_id = env_job_id(env) if env.get("slurm_array") else \
+        (_first(status, "slurm_job_id") or env_job_id(env))
     acct = (accounting or {}).get(str(job_id)) if job_id is not None else None
     if acct is None:  # the local backend leaves its sacct-like row in the attempt folder
         local_row = _read_json(attempt_dir / LOCAL_ACCOUNTING_FILE, issues)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -82,6 +83,12 @@ def limits_from_config(config: dict[str, str]) -> SlurmLimits:
                        max_job_count=number("MaxJobCount", 10000))
 
 
+def parse_max_submit(text: str) -> int | None:
+    """The smallest MaxSubmit/GrpSubmit of `sacctmgr -P show assoc` lines; None if unset."""
+    values = [int(v) for line in text.splitlines() for v in line.split(SEP) if v.strip().isdigit()]
+    return min(values) if values else None
+
+
 def parse_squeue(text: str) -> list[QueueEntry]:
     entries = []
     for line in text.splitlines():
@@ -147,14 +154,28 @@ class Slurm:
     def limits(self) -> SlurmLimits:
         return limits_from_config(parse_config(self._call(["scontrol", "show", "config"]).stdout))
 
-    def job_count(self) -> int:
-        """Jobs slurmctld holds now (every array task counts), for MaxJobCount throttling."""
-        out = self._call(["squeue", "-h", "-r", "-o", "%i"]).stdout
+    def job_count(self, user: str | None = None) -> int:
+        """Jobs slurmctld holds now (every array task counts, and `-t all` adds the finished ones
+        it keeps for MinJobAge, which MaxJobCount counts too); `user`: only that user's."""
+        argv = ["squeue", "-h", "-r", "-t", "all", "-o", "%i", *(["-u", user] if user else [])]
+        out = self._call(argv).stdout
         return sum(1 for line in out.splitlines() if line.strip())
 
-    def submit(self, script: str, options: Sequence[str]) -> str:
-        """sbatch; returns the job id (the array's master id for arrays)."""
-        out = self._call(["sbatch", "--parsable", *options, script]).stdout.strip()
+    def max_submit_jobs(self, user: str) -> int | None:
+        """The user's MaxSubmitJobs association limit; None when unset or unreadable (no
+        accounting database, or sacctmgr missing)."""
+        if self._runner is _run and shutil.which("sacctmgr") is None:
+            return None
+        result = self._call(["sacctmgr", "-n", "-P", "show", "assoc", f"where user={user}",
+                             "format=MaxSubmit,GrpSubmit"], check=False)
+        if result.returncode != 0:
+            return None
+        return parse_max_submit(result.stdout)
+
+    def submit(self, script: str, options: Sequence[str], args: Sequence[str] = ()) -> str:
+        """sbatch; returns the job id (the array's master id for arrays). `args` go to the
+        script."""
+        out = self._call(["sbatch", "--parsable", *options, script, *args]).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch printed no job id: {out!r}")
@@ -183,10 +204,32 @@ class Slurm:
             entries += parse_sacct(result.stdout)
         return entries
 
-    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None) -> None:
+    def tagged_jobs(self, since: float) -> list[tuple[str, str]]:
+        """(master job id, tag text) of the jobs submitted since `since` (epoch seconds): the
+        comment from squeue for jobs slurmctld holds (`-t all`), and the comment and sbatch
+        command line from sacct for the others. Used to find which batches reached Slurm when
+        a submitter died between sbatch and its ledger record. One squeue, one sacct."""
+        tags: list[tuple[str, str]] = []
+        out = self._call(["squeue", "-h", "-t", "all", "-o", f"%F{SEP}%k"]).stdout
+        for line in out.splitlines():
+            master, _, comment = line.partition(SEP)
+            tags.append((master.strip(), comment))
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 60))
+        result = self._call(["sacct", "-X", "-n", "-P", "--delimiter", SEP, "-S", start,
+                             "-o", "JobID,Comment,SubmitLine"], check=False)
+        if result.returncode == 0:
+            for line in result.stdout.splitlines():
+                job, _, rest = line.partition(SEP)
+                tags.append((job.split("_")[0].split(".")[0], rest))
+        return tags
+
+    def cancel(self, job_ids: Sequence[str], *, signal: str | None = None,
+               states: Sequence[str] = ()) -> None:
+        """scancel; `states` (e.g. PENDING) limits it to jobs or tasks in those states."""
+        options = [*([f"--signal={signal}"] if signal else []),
+                   *([f"--state={','.join(states)}"] if states else [])]
         for chunk in chunks(sorted(set(job_ids))):
-            argv = ["scancel", *([f"--signal={signal}"] if signal else []), *chunk]
-            self._call(argv)
+            self._call(["scancel", *options, *chunk])
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:

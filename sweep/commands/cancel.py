@@ -1,0 +1,56 @@
+"""`sweep cancel DIR [--only pending,running] [--run RUN_ID ...]`: cancel a sweep's jobs.
+
+Cancels the sweep's job arrays (one scancel per 1,000 arrays), or only their tasks in the given
+states, or only the given runs' tasks. Cancelled runs show as `cancelled`; `sweep resume
+--only cancelled` submits them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sweep.cli import UserError
+
+STATES = {"pending": "PENDING", "running": "RUNNING", "suspended": "SUSPENDED"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
+    parser.add_argument("--only", default=None, metavar="STATES",
+                        help=f"comma-separated task states to cancel, of: {','.join(STATES)}")
+    parser.add_argument("--run", action="append", default=[], metavar="RUN_ID",
+                        help="cancel only this run's task (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sweep.slurm import SlurmError
+    from sweep.submission import latest_tasks
+    from sweep.tracker import Tracker
+
+    states = [s.strip() for s in (args.only or "").split(",") if s.strip()]
+    wrong = [s for s in states if s not in STATES]
+    if wrong:
+        raise UserError(f"--only {','.join(wrong)}: not a state to cancel; choose from "
+                        f"{','.join(STATES)}")
+    tracker = Tracker(args.sweep_dir)
+    try:
+        with tracker.lock():
+            subs = tracker.reconcile(write=True)
+            if args.run:
+                latest = latest_tasks(subs)
+                unknown = [r for r in args.run if r not in latest]
+                if unknown:
+                    raise UserError(f"--run {unknown[0]}: this sweep never submitted that run "
+                                    f"(see `sweep status {args.sweep_dir}`)")
+                targets = [latest[r].task_id for r in args.run]
+            else:
+                targets = sorted({s.job_id for s in subs if s.job_id})
+            if targets:
+                tracker.slurm.cancel(targets, states=[STATES[s] for s in states])
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    scope = f" in state {','.join(states)}" if states else ""
+    print(f"cancelled {len(targets)} {'task(s)' if args.run else 'job array(s)'}{scope} "
+          f"of {tracker.dir.name}")
+    return 0

@@ -1,0 +1,131 @@
+"""`sweep status DIR [--watch]`: the state of every run, from status files, squeue and sacct.
+
+One poll costs at most one squeue and one sacct per 1,000 job arrays (queried by array id, never
+task by task). Shows counts by state and by (model, nodes), GPU-hours used and an estimate of
+those still to spend, and the nodes the sweep excludes after repeated failures on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from sweep.cli import UserError
+
+FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
+          "lost")
+ORDER = ("completed", *FAILED, "running", "pending", "submitted", "unsubmitted")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
+    parser.add_argument("--watch", action="store_true",
+                        help="poll until no run is pending or running (Ctrl-C stops)")
+    parser.add_argument("--interval", type=float, default=30.0, metavar="S",
+                        help="seconds between polls with --watch (default 30)")
+
+
+def gpu_hours(observation: object) -> tuple[float, float]:
+    """(used, remaining estimate). Used: elapsed x GPUs of every run's latest attempt. Remaining:
+    each run still to finish (in flight, never submitted, or failed but resumable) at the median
+    elapsed time of completed runs of its (model, nodes), else at its time limit."""
+    from sweep.submission import NOT_RESUMED_BY_DEFAULT
+    from sweep.tracker import Observation
+
+    assert isinstance(observation, Observation)
+    infos = observation.infos
+    used = 0.0
+    done: dict[tuple[str, int], list[float]] = {}
+    for state in observation.states:
+        info = infos.get(state.run_id)
+        if info is None or state.elapsed_s is None:
+            continue
+        used += state.elapsed_s * info.gpus / 3600
+        if state.state == "completed":
+            done.setdefault((info.model, info.nodes), []).append(state.elapsed_s)
+    remaining = 0.0
+    for state in observation.states:
+        info = infos.get(state.run_id)
+        if info is None or state.state in NOT_RESUMED_BY_DEFAULT:
+            continue
+        typical = done.get((info.model, info.nodes))
+        seconds = statistics.median(typical) if typical else info.time_limit_s
+        remaining += seconds * info.gpus / 3600
+    return used, remaining
+
+
+def render(observation: object, sweep_dir: Path, elapsed_s: float) -> Iterable[object]:
+    """rich renderables for one poll."""
+    from rich.table import Table
+
+    from sweep.submission import counts_by
+    from sweep.tracker import Observation
+
+    assert isinstance(observation, Observation)
+    states = observation.states
+    counts = counts_by(states)
+    summary = Table(title=f"{sweep_dir.name}: {len(states)} run(s)")
+    summary.add_column("state")
+    summary.add_column("runs", justify="right")
+    for state in sorted(counts, key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER)):
+        summary.add_row(state, str(counts[state]))
+    yield summary
+
+    by_cell = Table(title="by model and nodes")
+    for column in ("model", "nodes", "runs", "completed", "failed", "in flight", "unsubmitted"):
+        by_cell.add_column(column, justify="left" if column == "model" else "right")
+    cells: dict[tuple[str, int], dict[str, int]] = {}
+    for state in states:
+        info = observation.infos.get(state.run_id)
+        key = (info.model, info.nodes) if info else ("?", 0)
+        cell = cells.setdefault(key, {"runs": 0, "completed": 0, "failed": 0, "in flight": 0,
+                                      "unsubmitted": 0})
+        cell["runs"] += 1
+        column = ("completed" if state.state == "completed" else "in flight" if state.in_flight
+                  else "unsubmitted" if state.state == "unsubmitted" else "failed")
+        cell[column] += 1
+    for (model, nodes), cell in sorted(cells.items()):
+        by_cell.add_row(model, str(nodes), *(str(v) for v in cell.values()))
+    yield by_cell
+
+    failed = [s for s in states if s.state in FAILED]
+    if failed:
+        table = Table(title=f"failed runs ({len(failed)}; first 20)")
+        for column in ("run", "outcome", "reason", "task", "attempt", "nodes"):
+            table.add_column(column)
+        for state in failed[:20]:
+            table.add_row(state.run_id, state.state, state.reason[:60], state.task or "",
+                          str(state.attempt or ""), ",".join(state.nodes))
+        yield table
+    used, remaining = gpu_hours(observation)
+    excluded = ",".join(observation.excluded) or "none"
+    calls = ", ".join(f"{n} {c}" for c, n in sorted(observation.slurm_calls.items())) or "none"
+    yield (f"GPU-hours: {used:.2f} used, about {remaining:.2f} to go (estimate)\n"
+           f"bad nodes excluded from later submissions: {excluded}\n"
+           f"Slurm calls: {calls}; {elapsed_s:.2f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from sweep.slurm import SlurmError
+    from sweep.tracker import Tracker
+
+    tracker = Tracker(args.sweep_dir)
+    console = Console()
+    while True:
+        started = time.perf_counter()
+        try:
+            observation = tracker.observe()
+        except SlurmError as error:
+            raise UserError(str(error)) from None
+        if args.watch:
+            console.clear()
+        for item in render(observation, tracker.dir, time.perf_counter() - started):
+            console.print(item)
+        if not args.watch or not any(s.in_flight for s in observation.states):
+            return 0
+        time.sleep(args.interval)

@@ -1,0 +1,98 @@
+"""`sweep submit SPEC|DIR [--dry-run] [--max-running N] [--hold]`: rendered runs → Slurm job arrays.
+
+SPEC is planned and rendered first, exactly as `sweep render` does; DIR is a sweep folder
+already rendered. Runs of one resource shape go into one array (split at MaxArraySize, capped
+by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
+submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from sweep.cli import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", type=Path, help="a sweep spec (YAML) or a rendered sweep folder")
+    parser.add_argument("--out", type=Path, help="with SPEC: the sweep folder (default results/<name>)")
+    add_submit_options(parser)
+
+
+def add_submit_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared with `sweep resume`."""
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the sbatch command lines; submit nothing")
+    parser.add_argument("--max-running", type=positive, default=None, metavar="N",
+                        help="at most N tasks of each array run at once (--array=...%%N); "
+                             "default: no limit")
+    parser.add_argument("--hold", action="store_true",
+                        help="submit held (release with `scontrol release JOBID`)")
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def sweep_folder(target: Path, out: Path | None) -> Path:
+    """The sweep folder of a SPEC (rendered now) or a DIR."""
+    if target.is_dir():
+        if out is not None:
+            raise UserError(f"--out applies to a spec; {target} is already a sweep folder")
+        return target
+    if not target.is_file():
+        raise UserError(f"{target}: no such spec file or sweep folder")
+    from sweep.commands.render import render_sweep
+
+    rendered = render_sweep(target, out)
+    print(f"rendered {len(rendered.run_dirs)} run(s) from {rendered.plan_source} into "
+          f"{rendered.out / 'runs'}")
+    return rendered.out
+
+
+def print_report(report: object, dry_run: bool) -> None:
+    from sweep.tracker import SubmitReport
+
+    assert isinstance(report, SubmitReport)
+    if dry_run:
+        for line in report.commands:
+            print(line)
+    for batch, job_id, tasks in report.submitted:
+        print(f"batch {batch}: job array {job_id} ({tasks} task(s))")
+    if report.excluded:
+        print(f"excluding bad nodes: {','.join(report.excluded)}")
+    if report.left_over:
+        print(f"{len(report.left_over)} run(s) not submitted: no room under the cluster's job "
+              "limits (MaxJobCount/MaxSubmitJobs); run `sweep resume` later")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sweep.slurm import SlurmError
+    from sweep.submission import latest_tasks
+    from sweep.tracker import Tracker, submit_runs
+
+    started = time.perf_counter()
+    folder = sweep_folder(args.target, args.out)
+    tracker = Tracker(folder)
+    try:
+        with tracker.lock():
+            subs = tracker.reconcile(write=not args.dry_run)
+            seen = latest_tasks(subs)
+            todo = [run_id for run_id in tracker.run_ids() if run_id not in seen]
+            report = submit_runs(tracker, todo, max_running=args.max_running, hold=args.hold,
+                                 dry_run=args.dry_run)
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    print_report(report, args.dry_run)
+    skipped = len(seen)
+    tasks = sum(t for _, _, t in report.submitted)
+    verb = "would submit" if args.dry_run else "submitted"
+    print(f"{verb} {len(todo) - len(report.left_over)} run(s) in {len(report.commands)} "
+          f"array(s)" + (f" ({tasks} tasks)" if not args.dry_run else "")
+          + (f"; {skipped} run(s) submitted before (see `sweep status`)" if skipped else "")
+          + f" in {time.perf_counter() - started:.1f} s")
+    return 0

@@ -1,0 +1,470 @@
+"""A sweep folder as Slurm sees it: submit batches, observe run states, keep the exclude list.
+
+The I/O side of `sweep.submission` (which holds the rules): reads run folders and the ledger,
+writes task lists and the array wrapper, calls Slurm through `sweep.slurm.Slurm`. The commands
+(submit, status, resume, cancel) are thin layers over `Tracker`.
+
+Files in the sweep folder:
+  ledger.jsonl              intent (batch id, run ids) before each sbatch, the job id after
+  batches/array-task.sh     the array wrapper: task i → the i-th run of the task list
+  batches/<batch>/tasks.txt the batch's run ids, one per line (task i = line i + 1)
+  batches/<batch>/<i>       a link to runs/<run id>/attempts, so that Slurm's own output file
+                            (--output=batches/<batch>/%a/slurm-%A_%a.out) lands in the run
+  bad_nodes.json            node failures seen, and the nodes excluded from later submissions
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import getpass
+import json
+import os
+import re
+import secrets
+import shlex
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from sweep.cli import UserError
+from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
+from sweep.shims.hostlist import expand as expand_hosts
+from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError
+from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
+                         atomic_write_text, attempt_dirs, read_json, read_jsonl)
+from sweep.submission import (Batch, AttemptView, NodeFailure, RunJob, RunState, SlurmView,
+                              Submission, SubmissionError, TaskRef, array_option, bad_nodes,
+                              batch_in, expand_task_ids, job_comment, latest_tasks, plan_batches,
+                              reconcile, run_state, shape_of, shape_options, submissions)
+
+BATCHES_DIR: Final = "batches"
+WRAPPER: Final = "array-task.sh"
+TASKS_FILE: Final = "tasks.txt"
+BAD_NODES_FILE: Final = "bad_nodes.json"
+LOCK_FILE: Final = ".submit.lock"
+ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
+JOB_COUNT_MARGIN: Final = 0.02  # of MaxJobCount, left free for other users
+_NODE_FAILURE_LINE: Final = re.compile(r"Node failure on (\S+)")
+_WRAPPER_TEXT: Final = """#!/bin/bash
+# llm-sweep array task (written by `sweep submit`). Task i of a batch runs the run on line i+1 of
+# the batch's task list through that run's own job.sbatch, unchanged (its environment contract:
+# SWEEP_RUN_DIR names the run folder; the script makes its own attempt folder). The resource
+# options (nodes, time, memory, ...) came from that job.sbatch's #SBATCH lines, on sbatch's
+# command line. Usage: sbatch --array=... array-task.sh SWEEP_DIR TASK_LIST
+set -euo pipefail
+SWEEP_DIR=$1
+TASKS=$2
+: "${SLURM_ARRAY_TASK_ID:?run this as a Slurm array task}"
+RUN_ID=$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" "$TASKS")
+if [[ ! $RUN_ID =~ ^[A-Za-z0-9._-]+$ || ! -f $SWEEP_DIR/runs/$RUN_ID/job.sbatch ]]; then
+  echo "array-task.sh: task $SLURM_ARRAY_TASK_ID: no run '$RUN_ID' in $TASKS ($SWEEP_DIR/runs)" >&2
+  exit 2
+fi
+export SWEEP_RUN_DIR=$SWEEP_DIR/runs/$RUN_ID
+exec bash "$SWEEP_RUN_DIR/job.sbatch"
+"""
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What status needs of a run folder: its id, model, nodes and GPUs, and its time limit."""
+
+    run_id: str
+    model: str
+    nodes: int
+    gpus: int
+    time_limit_s: int
+
+
+@dataclass
+class Observation:
+    """One poll: every run's state, and what it cost."""
+
+    states: list[RunState]
+    infos: dict[str, RunInfo]
+    failures: list[NodeFailure]
+    excluded: list[str]
+    slurm_calls: dict[str, int] = field(default_factory=dict)
+
+
+def time_seconds(text: str) -> int:
+    """Slurm's --time ([D-]HH:MM:SS, MM:SS or minutes) in seconds; 0 if unreadable."""
+    days, _, rest = text.partition("-") if "-" in text else ("0", "", text)
+    parts = [int(p) for p in rest.split(":") if p.isdigit()]
+    if not parts or not days.isdigit():
+        return 0
+    if len(parts) == 1:
+        seconds = parts[0] * 60
+    elif len(parts) == 2:
+        seconds = parts[0] * 60 + parts[1]
+    else:
+        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return int(days) * 86400 + seconds
+
+
+class Tracker:
+    """One sweep folder and the Slurm jobs of its runs."""
+
+    def __init__(self, sweep_dir: Path, slurm: Slurm | None = None) -> None:
+        self.dir = sweep_dir.resolve()
+        if not (self.dir / RUNS_DIR).is_dir():
+            raise UserError(f"{sweep_dir}: no runs/ folder; pass a sweep folder that "
+                            "`sweep render` wrote, or a spec file")
+        self.slurm = slurm or Slurm()
+        self.ledger = self.dir / LEDGER_FILE
+        self.batches = self.dir / BATCHES_DIR
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def run_ids(self) -> list[str]:
+        return [p.name for p in run_dirs_of(self.dir)]
+
+    def run_jobs(self, run_ids: Sequence[str]) -> list[RunJob]:
+        """Each run's shape, read from its job.sbatch (what `sbatch job.sbatch` would ask)."""
+        from sweep.local import parse_directives
+
+        jobs = []
+        for run_id in run_ids:
+            script = self.dir / RUNS_DIR / run_id / JOB_FILE
+            try:
+                directives = parse_directives(script.read_text(encoding="utf-8"))
+            except OSError as error:
+                raise UserError(f"{script}: cannot read it ({error.strerror}); "
+                                "run `sweep render` again") from None
+            try:
+                jobs.append(RunJob(run_id=run_id, shape=shape_of(directives, str(script))))
+            except SubmissionError as error:
+                raise UserError(str(error)) from None
+        return jobs
+
+    def sweep_name(self) -> str:
+        for run_dir in run_dirs_of(self.dir)[:1]:
+            name = (read_json(run_dir / RUN_FILE) or {}).get("sweep")
+            if isinstance(name, str) and name:
+                return name
+        return self.dir.name
+
+    def run_info(self) -> dict[str, RunInfo]:
+        from sweep.local import parse_directives
+
+        infos = {}
+        for run_dir in run_dirs_of(self.dir):
+            doc = read_json(run_dir / RUN_FILE) or {}
+            nodes = int(doc.get("nodes") or 1)
+            try:
+                time_text = parse_directives((run_dir / JOB_FILE).read_text()).get("time", "")
+            except OSError:
+                time_text = ""
+            infos[run_dir.name] = RunInfo(
+                run_id=run_dir.name, model=str((doc.get("model") or {}).get("name", "?")),
+                nodes=nodes, gpus=nodes * int(doc.get("gpus_per_node") or 1),
+                time_limit_s=time_seconds(time_text))
+        return infos
+
+    def submissions(self) -> list[Submission]:
+        return submissions(read_jsonl(self.ledger))
+
+    def excluded(self) -> list[str]:
+        data = read_json(self.dir / BAD_NODES_FILE) or {}
+        return sorted(data.get("exclude") or [])
+
+    # -- submitting -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """One submitter per sweep at a time (two would submit the same runs)."""
+        handle = open(self.dir / LOCK_FILE, "a+")
+        try:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UserError(f"{self.dir}: another `sweep submit/resume/cancel` is working on "
+                                "this sweep; wait for it to finish") from None
+            yield
+        finally:
+            handle.close()
+
+    def reconcile(self, write: bool) -> list[Submission]:
+        """The ledger's submissions with dangling intents settled from the jobs' comments
+        (written to the ledger when `write`)."""
+        subs = self.submissions()
+        open_ = [s for s in subs if s.job_id is None and s.failed is None]
+        if not open_:
+            return subs
+        seen: dict[str, str] = {}
+        for master, text in self.slurm.tagged_jobs(min(s.time for s in open_)):
+            batch = batch_in(text)
+            if batch and master.isdigit():
+                seen.setdefault(batch, master)
+        records = reconcile(subs, seen)
+        if write:
+            for record in records:
+                append_jsonl(self.ledger, {**record, "time": time.time()})
+        from sweep.submission import submissions as settle
+
+        return settle([*read_jsonl(self.ledger), *([] if write else records)])
+
+    def capacity(self) -> int:
+        """Array tasks this sweep may add now: room under MaxJobCount (all users' jobs, the
+        finished ones slurmctld still holds included) and under the user's MaxSubmitJobs."""
+        limits = self.slurm.limits()
+        room = int(limits.max_job_count * (1 - JOB_COUNT_MARGIN)) - self.slurm.job_count()
+        user = getpass.getuser()
+        max_submit = self.slurm.max_submit_jobs(user)
+        if max_submit is not None:
+            room = min(room, max_submit - self.slurm.job_count(user))
+        return room
+
+    def plan(self, run_ids: Sequence[str], capacity: int,
+             max_array_size: int) -> tuple[list[Batch], list[str]]:
+        known = {s.batch_id for s in self.submissions()}
+
+        def new_id() -> str:
+            while True:
+                candidate = f"{int(time.time()) % 10**6:06d}{secrets.token_hex(2)}"
+                if candidate not in known:
+                    known.add(candidate)
+                    return candidate
+
+        return plan_batches(self.run_jobs(run_ids), max_array_size, capacity, new_id)
+
+    def sbatch_command(self, batch: Batch, *, max_running: int | None, hold: bool,
+                       exclude: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(sbatch options, script and its arguments) of one batch."""
+        folder = self.batches / batch.batch_id
+        name = self.sweep_name()
+        options = [array_option(len(batch.run_ids), max_running),
+                   f"--job-name={name}.{batch.batch_id}",
+                   f"--comment={job_comment(name, batch.batch_id)}",
+                   f"--output={folder}/%a/slurm-%A_%a.out",
+                   f"--error={folder}/%a/slurm-%A_%a.err",
+                   *(["--hold"] if hold else []),
+                   *shape_options(batch.shape, exclude)]
+        return options, [str(self.batches / WRAPPER), str(self.dir), str(folder / TASKS_FILE)]
+
+    def command_line(self, batch: Batch, **kwargs: Any) -> str:
+        options, script = self.sbatch_command(batch, **kwargs)
+        return shlex.join(["sbatch", "--parsable", *options, *script])
+
+    def _write_batch_files(self, batch: Batch) -> None:
+        folder = self.batches / batch.batch_id
+        folder.mkdir(parents=True, exist_ok=True)
+        wrapper = self.batches / WRAPPER
+        if not wrapper.is_file() or wrapper.read_text() != _WRAPPER_TEXT:
+            atomic_write_text(wrapper, _WRAPPER_TEXT)
+            wrapper.chmod(0o755)
+        atomic_write_text(folder / TASKS_FILE, "".join(f"{r}\n" for r in batch.run_ids))
+        for index, run_id in enumerate(batch.run_ids):
+            (self.dir / RUNS_DIR / run_id / "attempts").mkdir(parents=True, exist_ok=True)
+            link = folder / str(index)
+            if not link.is_symlink():
+                link.symlink_to(Path("..", "..", RUNS_DIR, run_id, "attempts"))
+
+    def submit(self, batches: Sequence[Batch], *, max_running: int | None, hold: bool,
+               exclude: Sequence[str], on_submit: Any = None) -> list[tuple[Batch, str]]:
+        """sbatch each batch, ledger intent before and job id after; returns (batch, job id).
+
+        A definite refusal by sbatch is recorded as failed (its runs may go again); any other
+        error leaves the intent open for reconciliation, so that a run is never sent twice."""
+        done = []
+        for batch in batches:
+            self._write_batch_files(batch)
+            options, script = self.sbatch_command(batch, max_running=max_running, hold=hold,
+                                                  exclude=exclude)
+            append_jsonl(self.ledger, {"event": "intent", "batch": batch.batch_id,
+                                       "run_ids": list(batch.run_ids), "time": time.time(),
+                                       "options": options})
+            try:
+                job_id = self.slurm.submit(script[0], options, script[1:])
+            except SlurmError as error:
+                if "submission failed" in str(error).lower():
+                    append_jsonl(self.ledger, {"event": "failed", "batch": batch.batch_id,
+                                               "error": str(error), "time": time.time()})
+                raise UserError(f"batch {batch.batch_id} ({len(batch.run_ids)} runs): {error}; "
+                                f"`sweep resume {self.dir}` submits what is left") from None
+            append_jsonl(self.ledger, {"event": "submitted", "batch": batch.batch_id,
+                                       "job_id": job_id, "time": time.time()})
+            done.append((batch, job_id))
+            if on_submit is not None:
+                on_submit(batch, job_id)
+        return done
+
+    # -- observing --------------------------------------------------------------------------
+
+    def observe(self, subs: Sequence[Submission] | None = None) -> Observation:
+        """Every run's state: ledger + squeue + sacct (each once per 1,000 array masters) +
+        attempt folders; updates the bad-node list from the failures seen."""
+        before = dict(self.slurm.calls)
+        subs = list(subs) if subs is not None else self.reconcile(write=False)
+        latest = latest_tasks(subs)
+        masters = sorted({task.job_id for task in latest.values()})
+        views = self._slurm_views(masters) if masters else {}
+        now = time.time()
+        states: list[RunState] = []
+        failures: list[NodeFailure] = []
+        for run_id in self.run_ids():
+            task = latest.get(run_id)
+            view = views.get(task.task_id) if task else None
+            attempt = self._attempt(run_id, task, view)
+            state = run_state(run_id, task, view, attempt, now)
+            states.append(state)
+            failure = self._node_failure(state, view)
+            if failure is not None:
+                failures.append(failure)
+        excluded = self._update_bad_nodes(failures)
+        calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items()
+                 if v - before.get(k, 0)}
+        return Observation(states=states, infos=self.run_info(), failures=failures,
+                           excluded=excluded, slurm_calls=calls)
+
+    def _slurm_views(self, masters: Sequence[str]) -> dict[str, SlurmView]:
+        views: dict[str, SlurmView] = {}
+        for entry in self.slurm.accounting(masters):
+            for task_id in _task_ids(entry.job_id):
+                views[task_id] = _acct_view(entry)
+        for queued in self.slurm.queue(masters):
+            for task_id in _task_ids(queued.job_id):
+                views[task_id] = _queue_view(queued)
+        return views
+
+    def _attempt(self, run_id: str, task: TaskRef | None,
+                 view: SlurmView | None) -> AttemptView | None:
+        """The newest attempt folder of this run that the latest submission made (matched by
+        job id); for a run never submitted through the ledger, its newest attempt."""
+        attempts = attempt_dirs(self.dir / RUNS_DIR / run_id)
+        for folder in reversed(attempts[-3:]):
+            status = read_json_safe(folder / STATUS_FILE)
+            if task is not None:
+                env = read_json_safe(folder / ENV_FILE) or {}
+                ids = {str(status.get("slurm_job_id")) if status else None,
+                       str(env.get("slurm_job_id")), str(env.get("slurm_array"))}
+                if not ({task.task_id, view.raw_id if view else None} & ids - {None, "None", ""}):
+                    continue
+            return _attempt_view(folder, status)
+        return None
+
+    def _node_failure(self, state: RunState, view: SlurmView | None) -> NodeFailure | None:
+        if state.state == "node_fail":
+            nodes = _expand(view.nodes) if view is not None else list(state.nodes)
+            named = self._failed_nodes_in_output(state)
+            kind = "node_fail"
+        elif state.state in ("crashed", "hang") and "nccl" in state.reason.lower():
+            nodes, named, kind = list(state.nodes), [], "nccl"
+        else:
+            return None
+        chosen = [n for n in named if n in nodes] or nodes
+        return NodeFailure(run_id=state.run_id, attempt=state.attempt, kind=kind,
+                           nodes=tuple(n for n in chosen if n))
+
+    def _failed_nodes_in_output(self, state: RunState) -> list[str]:
+        """`srun: error: Node failure on node2` in the task's Slurm output, when present (a
+        failed batch host leaves no such line: then every node of the job is suspect)."""
+        if state.task is None:
+            return []
+        master, _, index = state.task.partition("_")
+        names: list[str] = []
+        for suffix in ("out", "err"):
+            path = self.dir / RUNS_DIR / state.run_id / "attempts" / f"slurm-{master}_{index}.{suffix}"
+            with contextlib.suppress(OSError):
+                names += _NODE_FAILURE_LINE.findall(path.read_text(errors="replace"))
+        return sorted(set(names))
+
+    def _update_bad_nodes(self, failures: Sequence[NodeFailure]) -> list[str]:
+        """Merge newly seen failures into bad_nodes.json; returns the exclude list."""
+        path = self.dir / BAD_NODES_FILE
+        data = read_json(path) or {}
+        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures", [])}
+        changed = False
+        for failure in failures:
+            key = (failure.run_id, failure.attempt, failure.kind)
+            if key not in known:
+                known[key] = {"run_id": failure.run_id, "attempt": failure.attempt,
+                              "kind": failure.kind, "nodes": list(failure.nodes),
+                              "seen_at": time.time()}
+                changed = True
+        recorded = [NodeFailure(f["run_id"], f.get("attempt"), f["kind"], tuple(f["nodes"]))
+                    for f in known.values()]
+        exclude = sorted(set(bad_nodes(recorded)) | set(data.get("exclude") or []))
+        if changed or exclude != sorted(data.get("exclude") or []):
+            atomic_write_json(path, {"exclude": exclude, "failures": list(known.values())})
+        return exclude
+
+
+def read_json_safe(path: Path) -> dict[str, Any] | None:
+    """A JSON object, or None for a missing, torn or non-object file (a job still writing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:
+    elapsed = None
+    nodes: tuple[str, ...] = ()
+    if status:
+        start, end = status.get("started_at"), status.get("ended_at")
+        if isinstance(start, (int, float)) and isinstance(end, (int, float)):
+            elapsed = float(end - start)
+        nodes = tuple(str(n) for n in status.get("nodes") or () if n)
+    return AttemptView(number=int(folder.name), outcome=(status or {}).get("outcome"),
+                       reason=str((status or {}).get("reason") or ""), elapsed_s=elapsed,
+                       nodes=nodes)
+
+
+def _task_ids(job_id: str) -> list[str]:
+    expanded = expand_task_ids(job_id)
+    return [f"{expanded[0]}_{i}" for i in expanded[1]] if expanded else []
+
+
+def _acct_view(entry: AcctEntry) -> SlurmView:
+    return SlurmView(state=entry.state, live=False, raw_id=entry.job_id_raw,
+                     exit_code=entry.exit_code, derived_exit_code=entry.derived_exit_code,
+                     step_states=tuple(step.state for step in entry.steps), nodes=entry.nodes,
+                     elapsed_s=entry.elapsed_s)
+
+
+def _queue_view(entry: QueueEntry) -> SlurmView:
+    return SlurmView(state=entry.state, live=True, nodes=entry.nodes, reason=entry.reason)
+
+
+def _expand(nodes: str) -> list[str]:
+    if not nodes or nodes in ("None assigned", "(null)"):
+        return []
+    try:
+        return expand_hosts(nodes)
+    except ValueError:
+        return [nodes]
+
+
+
+@dataclass
+class SubmitReport:
+    """What one submit or resume did (or, dry, would do)."""
+
+    commands: list[str] = field(default_factory=list)  # sbatch command lines
+    submitted: list[tuple[str, str, int]] = field(default_factory=list)  # batch, job id, tasks
+    left_over: list[str] = field(default_factory=list)  # no room under the job limits
+    excluded: list[str] = field(default_factory=list)
+
+
+def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | None = None,
+                hold: bool = False, dry_run: bool = False,
+                exclude: Sequence[str] | None = None) -> SubmitReport:
+    """Group `run_ids` into arrays and submit them (or, dry, only say how)."""
+    exclude = list(tracker.excluded() if exclude is None else exclude)
+    report = SubmitReport(excluded=exclude)
+    if not run_ids:
+        return report
+    limits = tracker.slurm.limits()
+    capacity = len(run_ids) if dry_run else tracker.capacity()
+    batches, report.left_over = tracker.plan(run_ids, capacity, limits.max_array_size)
+    options = {"max_running": max_running, "hold": hold, "exclude": exclude}
+    report.commands = [tracker.command_line(batch, **options) for batch in batches]
+    if not dry_run:
+        for batch, job_id in tracker.submit(batches, **options):
+            report.submitted.append((batch.batch_id, job_id, len(batch.run_ids)))
+    return report
