@@ -32,7 +32,7 @@ from typing import Any, Final
 from sweep.cli import UserError
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.shims.hostlist import expand as expand_hosts
-from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError
+from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
                          atomic_write_text, attempt_dirs, read_json, read_jsonl)
 from sweep.submission import (Batch, AttemptView, NodeFailure, RunJob, RunState, SlurmView,
@@ -116,11 +116,16 @@ class Tracker:
         self.slurm = slurm or Slurm()
         self.ledger = self.dir / LEDGER_FILE
         self.batches = self.dir / BATCHES_DIR
+        self._run_ids: list[str] | None = None
+        self._name: str | None = None
 
     # -- reading ----------------------------------------------------------------------------
 
-    def run_ids(self) -> list[str]:
-        return [p.name for p in run_dirs_of(self.dir)]
+    def run_ids(self, refresh: bool = False) -> list[str]:
+        """The rendered runs, listed once per poll (a directory scan of the whole sweep)."""
+        if refresh or self._run_ids is None:
+            self._run_ids = [p.name for p in run_dirs_of(self.dir)]
+        return self._run_ids
 
     def run_jobs(self, run_ids: Sequence[str]) -> list[RunJob]:
         """Each run's shape, read from its job.sbatch (what `sbatch job.sbatch` would ask)."""
@@ -141,27 +146,32 @@ class Tracker:
         return jobs
 
     def sweep_name(self) -> str:
-        for run_dir in run_dirs_of(self.dir)[:1]:
-            name = (read_json(run_dir / RUN_FILE) or {}).get("sweep")
-            if isinstance(name, str) and name:
-                return name
-        return self.dir.name
+        """The sweep's name (run.json's `sweep`), for job names and comments."""
+        if self._name is None:
+            first = self.run_ids()[:1]
+            name = (read_json(self.dir / RUNS_DIR / first[0] / RUN_FILE) or {}).get("sweep") \
+                if first else None
+            self._name = name if isinstance(name, str) and name else self.dir.name
+        return self._name
 
     def run_info(self) -> dict[str, RunInfo]:
+        """Model, nodes, GPUs and time limit of every run, from run.json (job.sbatch's --time
+        only when run.json has no time limit, e.g. a hand-made run folder)."""
         from sweep.local import parse_directives
 
         infos = {}
-        for run_dir in run_dirs_of(self.dir):
-            doc = read_json(run_dir / RUN_FILE) or {}
+        for run_id in self.run_ids():
+            run_dir = self.dir / RUNS_DIR / run_id
+            doc = read_json_safe(run_dir / RUN_FILE) or {}
             nodes = int(doc.get("nodes") or 1)
-            try:
-                time_text = parse_directives((run_dir / JOB_FILE).read_text()).get("time", "")
-            except OSError:
-                time_text = ""
-            infos[run_dir.name] = RunInfo(
-                run_id=run_dir.name, model=str((doc.get("model") or {}).get("name", "?")),
+            limit = str((doc.get("settings") or {}).get("time_limit") or "")
+            if not limit:
+                with contextlib.suppress(OSError):
+                    limit = parse_directives((run_dir / JOB_FILE).read_text()).get("time", "")
+            infos[run_id] = RunInfo(
+                run_id=run_id, model=str((doc.get("model") or {}).get("name", "?")),
                 nodes=nodes, gpus=nodes * int(doc.get("gpus_per_node") or 1),
-                time_limit_s=time_seconds(time_text))
+                time_limit_s=time_seconds(limit))
         return infos
 
     def submissions(self) -> list[Submission]:
@@ -207,10 +217,9 @@ class Tracker:
 
         return settle([*read_jsonl(self.ledger), *([] if write else records)])
 
-    def capacity(self) -> int:
+    def capacity(self, limits: SlurmLimits) -> int:
         """Array tasks this sweep may add now: room under MaxJobCount (all users' jobs, the
         finished ones slurmctld still holds included) and under the user's MaxSubmitJobs."""
-        limits = self.slurm.limits()
         room = int(limits.max_job_count * (1 - JOB_COUNT_MARGIN)) - self.slurm.job_count()
         user = getpass.getuser()
         max_submit = self.slurm.max_submit_jobs(user)
@@ -305,7 +314,7 @@ class Tracker:
         now = time.time()
         states: list[RunState] = []
         failures: list[NodeFailure] = []
-        for run_id in self.run_ids():
+        for run_id in self.run_ids(refresh=True):
             task = latest.get(run_id)
             view = views.get(task.task_id) if task else None
             attempt = self._attempt(run_id, task, view)
@@ -460,7 +469,7 @@ def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | 
     if not run_ids:
         return report
     limits = tracker.slurm.limits()
-    capacity = len(run_ids) if dry_run else tracker.capacity()
+    capacity = len(run_ids) if dry_run else tracker.capacity(limits)
     batches, report.left_over = tracker.plan(run_ids, capacity, limits.max_array_size)
     options = {"max_running": max_running, "hold": hold, "exclude": exclude}
     report.commands = [tracker.command_line(batch, **options) for batch in batches]
