@@ -12,15 +12,19 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from typing import Final
 
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, space
+from sweep.calibrate import predict_plan
 from sweep.cli import UserError
+from sweep.commands.calibrate import COEFFICIENTS_FILE, load_coefficients
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text
+from sweep.throughput import Coefficients
 
 PLAN_FILE = "plan.parquet"
 SPEC_COPY = "spec.yaml"
@@ -33,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain", metavar="RUN_ID", default=None,
                         help="print the memory breakdown of this kept configuration; "
                              "writes nothing")
+    parser.add_argument("--candidates", action="store_true",
+                        help="also print every kept candidate with its predicted tokens/s/GPU "
+                             "and MFU, best first per (model, nodes)")
+    parser.add_argument("--coefficients", type=Path, default=None,
+                        help="throughput-model coefficients from `sweep calibrate` (default: the "
+                             f"sweep folder's {COEFFICIENTS_FILE} if there, else the physical "
+                             "prior)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(explain(spec, frame, args.explain), highlight=False)
         return 0
     out = args.out if args.out is not None else Path("results") / spec.name
+    coefficients = args.coefficients or out / COEFFICIENTS_FILE
+    frame = with_predictions(frame, spec, load_coefficients(coefficients)
+                             if coefficients.is_file() else Coefficients())
     write_plan(out, spec, args.spec, frame)
     console.print(summary_table(frame))
+    if args.candidates:
+        console.print(candidates_table(frame))
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
@@ -87,18 +103,77 @@ def planned_hash(path: Path) -> str | None:
     return first.removeprefix("# spec_hash: ").strip() if first.startswith("# spec_hash:") else None
 
 
+PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")
+
+
+def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
+                     ) -> pd.DataFrame:
+    """The plan with the throughput model's step time, tokens/s/GPU and MFU on every kept row
+    (NaN on pruned rows, and MFU on a device without a catalogue peak)."""
+    kept = frame["status"] == space.KEPT
+    predicted = predict_plan(frame[kept], spec, coefficients)
+    return frame.assign(**{name: predicted[name].reindex(frame.index).astype("float64")
+                           for name in PREDICTIONS})
+
+
+def _best_predicted(frame: pd.DataFrame) -> pd.DataFrame:
+    kept = frame[(frame["status"] == space.KEPT) & frame["pred_tokens_per_s_per_gpu"].notna()]
+    return kept.sort_values("pred_tokens_per_s_per_gpu", ascending=False, kind="stable")
+
+
+def _layout_label(row: pd.Series) -> str:
+    return space.layout_of(row).label()
+
+
+def _rate(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:,.0f}"
+
+
+def _percent(value: float) -> str:
+    return "–" if pd.isna(value) else f"{100 * value:.1f}%"
+
+
 def summary_table(frame: pd.DataFrame) -> Table:
-    """One row per (model, nodes): candidates, kept, and how many each rule pruned."""
+    """One row per (model, nodes): candidates, kept, how many each rule pruned, and the kept
+    candidate the throughput model predicts fastest."""
     counts = (frame.groupby(["model", "nodes", "status"], observed=True).size()
               .unstack("status", fill_value=0))
     rules = [r for r in space.RULE_NAMES if f"pruned:{r}" in counts.columns]
+    best = (_best_predicted(frame).groupby(["model", "nodes"], observed=True).head(1)
+            .set_index(["model", "nodes"]) if "pred_tokens_per_s_per_gpu" in frame else None)
     table = Table(title="sweep plan: candidates per (model, nodes)")
-    for name in ("model", "nodes", "candidates", "kept", *rules):
-        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
+    columns = ["model", "nodes", "candidates", "kept", *rules]
+    columns += ["predicted best", "tok/s/GPU", "MFU"] if best is not None else []
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("model", "predicted best") else "right",
+                         no_wrap=True)
     for (model, nodes), row in counts.iterrows():
         kept = int(row.get(space.KEPT, 0))
-        table.add_row(str(model), str(nodes), str(int(row.sum())), str(kept),
-                      *(str(int(row.get(f"pruned:{r}", 0))) for r in rules))
+        cells = [str(model), str(nodes), str(int(row.sum())), str(kept),
+                 *(str(int(row.get(f"pruned:{r}", 0))) for r in rules)]
+        if best is not None:
+            top = best.loc[(model, nodes)] if (model, nodes) in best.index else None
+            cells += ["–", "–", "–"] if top is None else [
+                _layout_label(top), _rate(top["pred_tokens_per_s_per_gpu"]),
+                _percent(top["pred_mfu"])]
+        table.add_row(*cells)
+    return table
+
+
+def candidates_table(frame: pd.DataFrame) -> Table:
+    """Every kept candidate with its predictions, best first within each (model, nodes)."""
+    table = Table(title="sweep plan: kept candidates, predicted (throughput model)")
+    for name in ("model", "nodes", "configuration", "run_id", "tok/s/GPU", "MFU",
+                 "step time", "memory"):
+        table.add_column(name, justify="left" if name in ("model", "configuration", "run_id")
+                         else "right", no_wrap=True)
+    ranked = _best_predicted(frame).sort_values(["model", "nodes"], kind="stable")
+    for _, row in ranked.iterrows():
+        memory_gib = row.get("mem_total_bytes", float("nan")) / 2**30
+        table.add_row(str(row["model"]), str(row["nodes"]), _layout_label(row), str(row["run_id"]),
+                      _rate(row["pred_tokens_per_s_per_gpu"]), _percent(row["pred_mfu"]),
+                      f"{row['pred_step_time_s']:.3f} s",
+                      "–" if pd.isna(memory_gib) else f"{memory_gib:.1f} GiB")
     return table
 
 

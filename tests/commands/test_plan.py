@@ -136,3 +136,48 @@ def test_an_override_that_selects_no_kept_run_is_flagged(
     printed = capsys.readouterr().out
     assert "overrides[1].where {'tp': 3} matches no kept run" in printed
     assert "overrides[0]" not in printed
+
+
+def test_every_kept_candidate_carries_its_predicted_throughput_and_mfu(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path)
+    out = tmp_path / "sweep"
+    assert main(["plan", str(spec_path), "--out", str(out), "--candidates"]) == 0
+    frame = pd.read_parquet(out / "plan.parquet")
+    kept = frame[frame.status == "kept"]
+    assert (kept.pred_tokens_per_s_per_gpu > 0).all() and kept.pred_mfu.between(0, 1).all()
+    assert frame.loc[frame.status != "kept", "pred_tokens_per_s_per_gpu"].isna().all()
+    printed = capsys.readouterr().out
+    assert "predicted best" in printed
+    assert all(run_id in printed for run_id in kept.run_id)  # --candidates lists every one
+    best = kept.loc[kept[kept.nodes == 1].pred_tokens_per_s_per_gpu.idxmax()]
+    assert f"{best.pred_tokens_per_s_per_gpu:,.0f}" in printed
+
+
+def test_calibrated_coefficients_in_the_sweep_folder_drive_the_predictions(
+        tmp_path: Path) -> None:
+    import json
+
+    from sweep.throughput import Coefficients
+
+    spec_path = write_spec(tmp_path)
+    out = tmp_path / "sweep"
+    assert main(["plan", str(spec_path), "--out", str(out)]) == 0
+    prior = pd.read_parquet(out / "plan.parquet").pred_step_time_s
+    slower = {**Coefficients().to_dict(), "step_overhead": 10.0}
+    (out / "throughput.json").write_text(json.dumps({"coefficients": slower}))
+    assert main(["plan", str(spec_path), "--out", str(out)]) == 0
+    calibrated = pd.read_parquet(out / "plan.parquet").pred_step_time_s
+    kept = prior.notna()
+    assert (calibrated[kept] > prior[kept] + 9.0).all()
+
+
+def test_a_broken_coefficients_file_is_one_clear_error(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path)
+    bad = tmp_path / "coefficients.json"
+    bad.write_text("{not json")
+    assert main(["plan", str(spec_path), "--out", str(tmp_path / "s"),
+                 "--coefficients", str(bad)]) == 2
+    assert "coefficients.json" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
