@@ -51,8 +51,8 @@ def test_the_demo_completes_with_metrics_and_its_deliberate_oom(demo: Path) -> N
     assert len(runs) == 11 and runs["run_id"].is_unique
     oom = runs[runs["outcome"] == "oom"]
     assert list(zip(oom["model"], oom["nodes"], oom["dp"])) == [("tiny-gqa-4l", 1, 2)]
-    assert "can't allocate memory" in oom["evidence"].iloc[0] or \
-        "out of memory" in oom["evidence"].iloc[0].lower()
+    evidence = "\n".join(oom["evidence"].iloc[0])
+    assert "DefaultCPUAllocator: can't allocate memory" in evidence
     completed = runs[runs["outcome"] == "completed"]
     assert len(completed) == 10
     assert (completed["tokens_per_sec_per_gpu"] > 0).all()
@@ -103,7 +103,7 @@ def test_adaptive_finds_the_exhaustive_best_of_every_cell(
     assert "adaptive: launched" in capsys.readouterr().out
     fates = pd.read_csv(copy / SEARCH_RUNS_FILE)
     assert set(fates["fate"]) <= {"launched", "skipped"} and len(fates) == 11
-    assert (fates.loc[fates["fate"] == "skipped", "reason"].str.len() > 0).all()
+    assert (fates.loc[fates["fate"] == "skipped", "reason"].astype(str).str.len() > 0).all()
     progress = pd.read_csv(copy / SEARCH_PROGRESS_FILE)
     assert progress["candidates"].sum() == 11
     runs = pd.read_parquet(demo / "runs.parquet")
