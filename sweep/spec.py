@@ -16,12 +16,15 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
-                      ValidationError, field_validator, model_validator)
+                      ValidationError, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
+from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from sweep import catalog
 from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
 from sweep.model import ModelShape, shape_problems
+from sweep.steady import EarlyStop
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Slurm option values: partition names, accounts, QoS, feature expressions, node lists.
@@ -168,6 +171,27 @@ class RunSettings(_Strict):
     framework_dir: str | None = None  # checkout of Megatron-LM / nanotron / torchtitan
     python: str = "python3"
     seed: Annotated[int, Field(ge=0)] = 1234
+    early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.steady)
+
+    @field_validator("early_stop")
+    @classmethod
+    def _early_stop_reachable(cls, rule: EarlyStop | None, info: ValidationInfo) -> EarlyStop | None:
+        steps, warmup = info.data.get("steps"), info.data.get("warmup_steps")
+        if rule is not None and steps is not None and warmup is not None \
+                and max(warmup + rule.window, rule.min_steps) > steps:
+            raise ValueError(
+                f"warmup_steps ({warmup}) + window ({rule.window}) and min_steps ({rule.min_steps}) "
+                f"must fit in steps ({steps}), or the rule can never end a run; raise steps or "
+                f"lower the window")
+        return rule
+
+    @model_serializer(mode="wrap")
+    def _omit_early_stop_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Off is absent: spec hashes and run.json files of specs without it stay as they were."""
+        data = handler(self)
+        if data.get("early_stop") is None:
+            data.pop("early_stop", None)
+        return data
 
     @field_validator("time_limit")
     @classmethod

@@ -119,3 +119,30 @@ def test_unreadable_file_and_bad_yaml(tmp_path: Path) -> None:
 def test_example_specs_are_valid(repo_root: Path) -> None:
     for path in sorted((repo_root / "examples").glob("*.yaml")):
         load_spec(path)
+
+
+def test_early_stop_is_off_by_default_and_absent_from_the_dumped_settings() -> None:
+    spec = parse_spec(MINIMAL)
+    assert spec.run.early_stop is None and "early_stop" not in spec.run.model_dump(mode="json")
+    explicit_off = parse_spec(MINIMAL + "run: {early_stop: null}\n")
+    assert explicit_off.spec_hash() == spec.spec_hash()
+
+
+def test_early_stop_settings_reach_the_run_settings() -> None:
+    spec = parse_spec(MINIMAL + "run: {steps: 40, early_stop: {window: 5, max_cv: 0.02, min_steps: 12}}\n")
+    assert spec.run.model_dump(mode="json")["early_stop"] == {"window": 5, "max_cv": 0.02, "min_steps": 12}
+    assert spec.spec_hash() != parse_spec(MINIMAL).spec_hash()
+
+
+@pytest.mark.parametrize("early_stop, field, fragment", [
+    ("{window: 1, max_cv: 0.02}", "run.early_stop.window", "greater than or equal to 2"),
+    ("{window: 5, max_cv: 0}", "run.early_stop.max_cv", "greater than 0"),
+    ("{window: 5}", "run.early_stop.max_cv", "Field required"),
+    ("{window: 5, max_cv: 0.1, min_steps: -1}", "run.early_stop.min_steps", "greater than or equal to 0"),
+    ("{window: 5, max_cv: 0.1, cv: 3}", "run.early_stop.cv", "unknown field"),
+    ("{window: 10, max_cv: 0.1}", "run.early_stop", "must fit in steps (10)"),
+    ("{window: 5, max_cv: 0.1, min_steps: 11}", "run.early_stop", "must fit in steps (10)"),
+])
+def test_bad_early_stop_settings_name_their_field(early_stop: str, field: str, fragment: str) -> None:
+    error = error_of(MINIMAL + f"run:\n  early_stop: {early_stop}\n")
+    assert error.field == field and error.line == 7 and fragment in error.message
