@@ -132,6 +132,9 @@ class Slurm:
     def __init__(self, runner: Runner | None = None) -> None:
         self._runner = runner or _run
         self.calls: dict[str, int] = {}
+        # File descriptors the commands inherit: the sweep's submit lock, so that an sbatch
+        # outliving a killed submitter holds the lock until its job is in the queue.
+        self.inherit_fds: tuple[int, ...] = ()
 
     def _call(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         name = argv[0]
@@ -140,7 +143,7 @@ class Slurm:
                 f"`{name}` is not on PATH: run this on a Slurm login node, or use `sweep run` "
                 "to run the sweep on this machine without Slurm")
         self.calls[name] = self.calls.get(name, 0) + 1
-        result = self._runner(argv)
+        result = _run(argv, self.inherit_fds) if self._runner is _run else self._runner(argv)
         if check and result.returncode != 0:
             message = (result.stderr or result.stdout).strip().splitlines()
             raise SlurmError(f"`{' '.join(argv[:2])} …` failed (exit {result.returncode}): "
@@ -232,5 +235,6 @@ class Slurm:
             self._call(["scancel", *options, *chunk])
 
 
-def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=120, check=False)
+def _run(argv: Sequence[str], pass_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=180, check=False,
+                          pass_fds=tuple(pass_fds))

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shlex
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ TASKS_FILE: Final = "tasks.txt"
 BAD_NODES_FILE: Final = "bad_nodes.json"
 LOCK_FILE: Final = ".submit.lock"
 ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
+LOCK_WAIT_S: Final = 200.0  # longer than sbatch's own retries (120 s) when the queue is full
 JOB_COUNT_MARGIN: Final = 0.02  # of MaxJobCount, left free for other users
 _NODE_FAILURE_LINE: Final = re.compile(r"Node failure on (\S+)")
 _WRAPPER_TEXT: Final = """#!/bin/bash
@@ -184,17 +186,32 @@ class Tracker:
     # -- submitting -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lock(self) -> Iterator[None]:
-        """One submitter per sweep at a time (two would submit the same runs)."""
+    def lock(self, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+        """One submitter per sweep at a time (two would submit the same runs). Every Slurm
+        command inherits the lock, so an sbatch that outlives a killed submitter keeps it until
+        its job is in the queue: the next submitter then sees that job, never submits again."""
         handle = open(self.dir / LOCK_FILE, "a+")
         try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise UserError(f"{self.dir}: another `sweep submit/resume/cancel` is working on "
-                                "this sweep; wait for it to finish") from None
+            deadline = time.monotonic() + wait_s
+            told = False
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise UserError(f"{self.dir / LOCK_FILE}: another `sweep submit/resume/"
+                                        "cancel` (or its sbatch) still works on this sweep; "
+                                        "wait for it, then try again") from None
+                    if not told:
+                        print(f"waiting for another submitter of {self.dir.name} to finish …",
+                              file=sys.stderr)
+                        told = True
+                    time.sleep(0.2)
+            self.slurm.inherit_fds = (handle.fileno(),)
             yield
         finally:
+            self.slurm.inherit_fds = ()
             handle.close()
 
     def reconcile(self, write: bool) -> list[Submission]:

@@ -1,0 +1,179 @@
+"""`sweep submit` against the real local cluster (scripts/local-slurm.sh start): a tiny builtin
+sweep of two-node runs through job arrays, collected with sacct; a submitter SIGKILLed halfway
+through a large held submission, then `sweep resume`; a crash between sbatch and the ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from sweep.cli import main
+from sweep.slurm import Slurm
+from sweep.state import read_jsonl
+from sweep.submission import job_comment, submissions
+from sweep.tracker import TASKS_FILE, Tracker
+from tests.slurm_sweeps import cancel_sweep, job_path, sweep_tasks, wait_until_settled
+
+__all__ = ["job_path"]  # a fixture
+
+SPEC = """
+name: {name}
+framework: builtin
+gpu: cpu
+gpus_per_node: 1
+dtype: fp32
+models: [tiny-4l]
+nodes: [2]
+seq_len: 64
+global_batch: {{sequences: 4}}
+axes: {{tp: [1], pp: [1, 2], mbs: [2], zero_stage: [0], recompute: [none], pp_schedule: [1f1b]}}
+run:
+  steps: 4
+  warmup_steps: 1
+  time_limit: "00:03:00"
+  mem: "1500M"
+  startup_timeout_s: 90
+  hang_timeout_s: 60
+  signal_before_s: 20
+  exclusive: false
+"""
+
+
+@pytest.fixture
+def sweep_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"t{os.getpid()}-{request.node.name[-20:].strip('_').replace('_', '-')}"
+    yield name
+    cancel_sweep(name)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_builtin_sweep_of_two_node_runs_completes_and_collects(
+        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(name=sweep_name))
+    out = tmp_path / "sweep"
+    assert main(["submit", str(spec), "--out", str(out), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "sbatch --parsable --array=0-1 " in dry and "--nodes=2" in dry and "--mem=1500M" in dry
+    assert not (out / "ledger.jsonl").exists()  # a dry run submits nothing
+
+    assert main(["submit", str(spec), "--out", str(out), "--max-running", "2"]) == 0
+    observation = wait_until_settled(out, timeout_s=240)
+    assert [s.state for s in observation.states] == ["completed", "completed"], observation.states
+    for state in observation.states:  # Slurm's own output landed in the run folder, linked
+        attempt = out / "runs" / state.run_id / "attempts" / str(state.attempt)
+        master, _, index = (state.task or "").partition("_")
+        assert os.readlink(attempt / "job.out") == str(
+            out / "runs" / state.run_id / "attempts" / f"slurm-{master}_{index}.out")
+        assert len(json.loads((attempt / "status.json").read_text())["nodes"]) == 2
+
+    assert main(["collect", str(out), "--sacct"]) == 0
+    rows = pq.read_table(out / "runs.parquet").to_pylist()
+    assert sorted(r["run_id"] for r in rows) == sorted(s.run_id for s in observation.states)
+    assert {(r["outcome"], r["slurm_state"]) for r in rows} == {("completed", "COMPLETED")}
+    assert all("_" in r["slurm_job_id"] for r in rows)  # array task ids, as sacct names them
+
+    capsys.readouterr()
+    assert main(["submit", str(out)]) == 0  # nothing is submitted twice
+    assert "submitted 0 run(s)" in capsys.readouterr().out
+    assert main(["resume", str(out)]) == 0  # completed runs are never resubmitted
+    assert "resubmitted 0 run(s)" in capsys.readouterr().out
+    assert main(["status", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "completed" in shown and "bad nodes excluded from later submissions: none" in shown
+
+
+def synthetic_sweep(root: Path, name: str, count: int, shapes: int) -> list[str]:
+    """Run folders whose job.sbatch asks for `shapes` different time limits (so as many
+    arrays); held in these tests, they never run."""
+    ids = []
+    for i in range(count):
+        run_id = f"r{i:04d}"
+        run_dir = root / "runs" / run_id
+        (run_dir / "attempts").mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "sweep": name,
+                                                      "nodes": 1, "model": {"name": "m"}}))
+        (run_dir / "job.sbatch").write_text(
+            f"#!/bin/bash\n#SBATCH --job-name={name}.{run_id}\n#SBATCH --nodes=1\n"
+            f"#SBATCH --time={1 + i % shapes}\n#SBATCH --no-requeue\ntrue\n")
+        ids.append(run_id)
+    return ids
+
+
+def submitted_runs(root: Path, sweep: str) -> list[str]:
+    """The run of every array task Slurm holds for this sweep (via the batch task lists)."""
+    runs = []
+    for task, comment in sweep_tasks(sweep):
+        batch = comment.split("batch=")[1]
+        master, _, index = task.partition("_")
+        lines = (root / "batches" / batch / TASKS_FILE).read_text().splitlines()
+        runs.append(lines[int(index)])
+    return runs
+
+
+@pytest.mark.slurm
+def test_submit_killed_midway_then_resume_submits_every_run_exactly_once(
+        slurm_cluster: None, sweep_name: str, tmp_path: Path) -> None:
+    root = tmp_path / "big"
+    ids = synthetic_sweep(root, sweep_name, count=600, shapes=60)  # 60 arrays of 10
+    proc = subprocess.Popen([sys.executable, "-m", "sweep.cli", "submit", str(root), "--hold"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ledger = root / "ledger.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ledger.exists() and ledger.read_bytes().count(b'"intent"') >= 20:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.002)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "submit finished before it could be killed"
+    before = submissions(read_jsonl(ledger))
+    assert 20 <= len(before) < 60  # killed halfway
+
+    assert main(["resume", str(root), "--hold"]) == 0
+    runs = submitted_runs(root, sweep_name)
+    assert sorted(runs) == ids  # every run once: none lost, none twice
+    after = submissions(read_jsonl(ledger))
+    assert all(s.job_id or s.failed for s in after)  # every intent settled
+
+    assert main(["resume", str(root), "--hold"]) == 0  # twice in a row: nothing more
+    assert sorted(submitted_runs(root, sweep_name)) == ids
+    assert main(["cancel", str(root)]) == 0
+    time.sleep(0.5)
+    states = {s.state for s in Tracker(root).observe().states}
+    assert states == {"cancelled"}, states
+
+
+@pytest.mark.slurm
+def test_a_crash_between_sbatch_and_the_ledger_is_reconciled_from_the_job_comment(
+        slurm_cluster: None, sweep_name: str, tmp_path: Path) -> None:
+    """What a submitter killed right after sbatch leaves: the intent, a job, no job id."""
+    root = tmp_path / "crash"
+    synthetic_sweep(root, sweep_name, count=4, shapes=1)
+    tracker = Tracker(root)
+    [batch], _ = tracker.plan(["r0000", "r0001"], capacity=100, max_array_size=1001)
+    tracker._write_batch_files(batch)
+    options, script = tracker.sbatch_command(batch, max_running=None, hold=True, exclude=[])
+    assert f"--comment={job_comment(sweep_name, batch.batch_id)}" in options
+    from sweep.state import append_jsonl
+
+    append_jsonl(root / "ledger.jsonl", {"event": "intent", "batch": batch.batch_id,
+                                         "run_ids": list(batch.run_ids), "time": time.time()})
+    job_id = Slurm().submit(script[0], options, script[1:])  # ... and the submitter dies here
+
+    assert main(["resume", str(root), "--hold"]) == 0
+    settled = submissions(read_jsonl(root / "ledger.jsonl"))
+    assert settled[0].job_id == job_id  # found by its comment, not submitted again
+    assert sorted(submitted_runs(root, sweep_name)) == ["r0000", "r0001", "r0002", "r0003"]
+    assert main(["cancel", str(root)]) == 0

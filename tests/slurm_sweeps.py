@@ -1,0 +1,51 @@
+"""Helpers for the live submission tests: a PATH that reaches the venv's python from inside
+jobs, waiting on a sweep's runs, and the jobs Slurm holds for a sweep (by comment)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sweep.tracker import Observation, Tracker
+
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+@pytest.fixture
+def job_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch exports the submitter's environment: jobs find `python3` (the venv) on PATH."""
+    monkeypatch.setenv("PATH", os.pathsep.join([VENV_BIN, os.environ["PATH"]]))
+
+
+def wait_until_settled(sweep_dir: Path, timeout_s: float, every_s: float = 2.0) -> Observation:
+    """Poll as `sweep status --watch` does until no run is in flight."""
+    tracker = Tracker(sweep_dir)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        observation = tracker.observe()
+        if not any(s.in_flight for s in observation.states):
+            return observation
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still in flight after {timeout_s} s: "
+                                 f"{[(s.run_id, s.state) for s in observation.states]}")
+        time.sleep(every_s)
+
+
+def sweep_tasks(sweep: str) -> list[tuple[str, str]]:
+    """(task id, comment) of every job slurmctld holds whose comment names this sweep."""
+    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%k"], capture_output=True,
+                         text=True, check=True).stdout
+    return [(job, comment) for job, _, comment in (line.partition("|") for line in out.splitlines())
+            if f"sweep={sweep};" in comment]
+
+
+def cancel_sweep(sweep: str) -> None:
+    """Test clean-up: cancel whatever the sweep left (by comment, whatever the ledger says)."""
+    masters = sorted({job.split("_")[0] for job, _ in sweep_tasks(sweep)})
+    if masters:
+        subprocess.run(["scancel", *masters], check=False)
