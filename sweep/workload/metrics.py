@@ -58,8 +58,13 @@ def step_record(facts: RunFacts, step: int, step_time_s: float, loss: float,
 
 
 def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: int, *,
-                   ended_by: str, device: str, torch_version: str) -> dict[str, Any]:
-    """The steady-state summary of the step records `steps` (in order)."""
+                   ended_by: str, device: str, torch_version: str,
+                   early_stop: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The steady-state summary of the step records `steps` (in order).
+
+    `ended_by`: "step_budget", or "steady_state" when the early-stop rule ended the run;
+    `early_stop`: the rule and the CV of its last window (None when the rule is off).
+    """
     skipped = min(warmup_steps, len(steps))
     steady = [s["step_time_s"] for s in steps[skipped:]]
     mean = statistics.fmean(steady) if steady else math.nan
@@ -81,7 +86,7 @@ def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: i
         "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source,
         "mem_allocated_bytes": max((s["mem_allocated_bytes"] for s in steps), default=None),
         "mem_reserved_bytes": max((s["mem_reserved_bytes"] for s in steps), default=None),
-        "mem_source": facts.mem_source, "ended_by": ended_by,
+        "mem_source": facts.mem_source, "ended_by": ended_by, "early_stop": early_stop,
         "final_loss": steps[-1]["loss"] if steps else None,
         "device": device, "world_size": facts.world_size, "torch_version": torch_version,
         "steady_state_policy": policy,

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from sweep.runconfig import RunConfig
 from sweep.state import METRICS_FILE, atomic_write_json
+from sweep.steady import EarlyStop, Window, last_window, steady_state
 from sweep.workload import metrics
 from sweep.workload.data import Batch, global_batch, local_slice
 from sweep.workload.memory_tracking import MemoryProbe, tracked_peak
@@ -225,6 +226,10 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
         raise WorkloadError("run.json: " + "; ".join(problems))
     if memtrack and cfg.layout.pp > 1:
         raise WorkloadError("--memtrack: MemTracker cannot measure pipeline-parallel runs (pp > 1)")
+    try:
+        rule = EarlyStop.from_settings(cfg.settings)
+    except ValueError as error:
+        raise WorkloadError(f"run.json {error}") from None
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
@@ -244,6 +249,9 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
                              mem_source=probe.source)
     writer = metrics.MetricsWriter(attempt_dir / METRICS_FILE) if rank == 0 else None
     steps = int(cfg.settings.get("steps", 10))
+    warmup = int(cfg.settings.get("warmup_steps", 0))
+    steady: Window | None = None
+    ended_by = "step_budget"
     dist.barrier()
     result.loop_started_at, loop_start = time.time(), time.perf_counter()
     for step in range(1, steps + 1):
@@ -264,11 +272,18 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
             record = metrics.step_record(facts, step, step_time, mean_loss, per_rank)
             writer.write(record)
             result.records.append(record)
+        if rule is not None and step < steps:
+            window = steady_state(_timed(result.records[-rule.window:]), rule, warmup) \
+                if writer is not None else None
+            if _rank0_says(window is not None, device):
+                steady, ended_by = window, "steady_state"
+                break
     result.loop_s = time.perf_counter() - loop_start
     if writer is not None:
         summary = metrics.summary_record(
-            facts, result.records, int(cfg.settings.get("warmup_steps", 0)), ended_by="step_budget",
-            device=device.type, torch_version=torch.__version__)
+            facts, result.records, warmup, ended_by=ended_by, device=device.type,
+            torch_version=torch.__version__,
+            early_stop=None if rule is None else _early_stop_record(rule, steady, result.records, warmup))
         writer.write(summary)
         writer.close()
         result.records.append(summary)
@@ -276,6 +291,27 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     if memtrack:
         result.memtrack = _memtrack(trainer, steps + 1, attempt_dir, rank)
     return result
+
+
+def _timed(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    return [(r["step"], r["step_time_s"]) for r in records]
+
+
+def _rank0_says(flag: bool, device: torch.device) -> bool:
+    """Rank 0's flag on every rank: only rank 0 holds the step times, and a rank that stopped
+    alone would leave the others waiting in the next step's collectives. Called after the step's
+    time is taken, so the broadcast is in no step time."""
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(tensor, src=0)
+    return bool(tensor.item())
+
+
+def _early_stop_record(rule: EarlyStop, steady: Window | None, records: list[dict[str, Any]],
+                       warmup: int) -> dict[str, Any]:
+    """The rule and its last window (the one that ended the run, if it did): why it stopped or not."""
+    window = steady or last_window(_timed(records[-rule.window:]), rule, warmup)
+    measured = window.to_json() if window else {"cv": None, "first_step": None, "last_step": None}
+    return {**rule.model_dump(), **measured}
 
 
 def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list[dict[str, int]]:

@@ -17,7 +17,7 @@ STEP_KEYS = {"kind", "step", "time", "step_time_s", "tokens", "tokens_per_sec", 
 SUMMARY_KEYS = {"kind", "steps", "warmup_steps_skipped", "step_time_mean_s", "step_time_std_s", "step_time_n",
                 "tokens_per_sec", "tokens_per_sec_per_gpu", "flops_per_token", "mfu", "mfu_pct", "peak_flops",
                 "peak_flops_source", "mem_allocated_bytes", "mem_reserved_bytes", "mem_source", "ended_by",
-                "final_loss", "device", "world_size", "torch_version", "steady_state_policy"}
+                "final_loss", "device", "world_size", "torch_version", "steady_state_policy", "early_stop"}
 
 
 def records(path: Path) -> list[dict]:
