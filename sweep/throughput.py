@@ -124,6 +124,9 @@ class Workload:
     # A device without a catalogue peak (CPU runs) uses a nominal one; the fitted `compute`
     # coefficient absorbs the scale, and MFU is not predicted.
     nominal_peak: float = 1e11
+    # How the framework splits layers over pipeline stages: "cost" (nanotron's balanced split,
+    # the LM head counted as layers) or "even" (sweep.memory_profiles names each framework's).
+    stage_split: str = "cost"
 
     @property
     def peak(self) -> float:
@@ -138,6 +141,13 @@ def _column(frame: pd.DataFrame, name: str, default: float | str | bool) -> np.n
     if name in frame:
         return frame[name].to_numpy()
     return np.full(len(frame), default)
+
+
+def _ring_steps(n: np.ndarray) -> np.ndarray:
+    """Latency steps of one ring all-gather or reduce-scatter over n ranks: n − 1 hops, each a
+    synchronised send/recv. NCCL runs the small per-layer TP collectives as rings (trees exist
+    only for all-reduce), so their latency grows with the group, not with its logarithm."""
+    return np.where(n > 1, n - 1.0, 0.0)
 
 
 def _steps(n: np.ndarray) -> np.ndarray:
@@ -176,9 +186,23 @@ def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float)
     return _Group(np.where(spans, across, intra), spans)
 
 
-def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """FLOPs per token of the busiest stage, its layer count, and its parameter count."""
+def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
+    """Decoder layers on each pipeline stage, as the framework splits them (`sweep.memory`)."""
+    from sweep.memory import stage_layer_counts
+    from sweep.memory_profiles import PROFILES
+
+    profile = PROFILES["nanotron"] if split == "cost" else PROFILES["builtin"]
+    return np.asarray(stage_layer_counts(shape, pp, profile), dtype=float)
+
+
+def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray,
+                 split: str = "cost") -> tuple[np.ndarray, ...]:
+    """Per token: FLOPs of the busiest stage and of all stages; layers of the busiest stage; and
+    the parameters of the largest stage.
+
+    The stages are the framework's own split (nanotron balances a cost that counts the LM head as
+    vocab/(4h + 3F) layers; Megatron and the others split the layers evenly), the LM head on the
+    last stage."""
     params = count_parameters(shape)
     attention_core = 12.0 * shape.q_dim * seq_len
     active_per_layer = (params.attention_per_layer + params.mlp_active_per_layer
@@ -191,18 +215,21 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     head_f = 6.0 * shape.vocab_size * shape.hidden_size
     L = shape.num_layers
     total = L * layer_f + head_f
-    multi = pp > 1
-    # Last stage: the head plus k layers, chosen to approach total/pp; the rest share pp − 1 stages.
-    k = np.clip(np.rint((total / pp - head_f) / layer_f), 0, L)
-    rest = np.ceil((L - k) / np.maximum(pp - 1, 1))
-    last, other = head_f + k * layer_f, rest * layer_f
-    stage_f = np.where(multi, np.maximum(last, other), total)
-    stage_layers = np.where(multi, np.maximum(np.maximum(k, rest), 1), L)
-    # The first stage holds the embedding, the last the LM head (a copy of it when tied).
-    # (MoE: all experts count; sharding them over EP is left out of this estimate.)
-    stage_params = np.where(multi, np.maximum(rest, k) * params.per_layer + params.embedding,
-                            params.total)
-    return stage_f, stage_layers.astype(float), stage_params.astype(float)
+    stage_f = np.array(total, dtype=float, copy=True)
+    stage_layers = np.full(len(pp), float(L))
+    stage_params = np.full(len(pp), float(params.total))
+    for p in np.unique(pp[pp > 1]):
+        rows = pp == p
+        counts = _stage_counts(shape, int(p), split)
+        per_stage = counts[None, :] * layer_f[rows, None]
+        per_stage[:, -1] += head_f
+        busiest = per_stage.argmax(axis=1)
+        stage_f[rows] = per_stage.max(axis=1)
+        stage_layers[rows] = np.maximum(counts[busiest], 1.0)
+        # The first stage holds the embedding, the last the LM head (a copy of it when tied).
+        # (MoE: all experts count; sharding them over EP is left out of this estimate.)
+        stage_params[rows] = counts.max() * params.per_layer + params.embedding
+    return stage_f, total, stage_layers, stage_params
 
 
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
@@ -222,18 +249,23 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     act = DTYPE_BYTES.get(work.dtype, 2)
     one = np.ones_like(tp)
 
-    stage_f, stage_layers, stage_params = _stage_split(shape, s, pp, recompute)
+    stage_f, total_f, stage_layers, stage_params = _stage_split(shape, s, pp, recompute,
+                                                                work.stage_split)
     slots = m + (pp - 1) / vpp  # micro-batch slots of the busiest stage, bubble included
+    # 1F1B: the busiest stage sets the pace of the m micro-batches; filling and draining the
+    # pipeline costs the *other* stages' work once: (m − 1)·t_max + Σ_s t_s (with vpp virtual
+    # stages, that fill shrinks vpp-fold). (m + pp − 1)·t_max overcharged unbalanced splits.
+    work_slots = m * stage_f + (total_f - stage_f) / vpp  # in FLOPs per token
     tokens_mb = mbs * s
-    compute = slots * tokens_mb * stage_f / (tp * cp) / work.peak
-    passes = slots * stage_layers
+    compute = tokens_mb * work_slots / (tp * cp) / work.peak
+    passes = m * stage_layers + (shape.num_layers - stage_layers) / vpp
 
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
     # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
     act_bytes = tokens_mb / cp * shape.hidden_size * act
     tp_g = _group(tp, one, work, gamma)
     tp_intra, tp_inter = tp_g.split(8 * _ring_time(tp, act_bytes, tp_g.bandwidth))
-    tp_hops = tp_g.split(np.where(tp > 1, np.where(sp, 8, 4) * _steps(tp), 0.0))
+    tp_hops = tp_g.split(np.where(tp > 1, np.where(sp, 8, 4) * _ring_steps(tp), 0.0))
     kv_bytes = 2 * tokens_mb / cp * shape.kv_dim * act
     cp_g = _group(cp, tp, work, gamma)
     cp_intra, cp_inter = cp_g.split(2 * (cp - 1) * kv_bytes / cp_g.bandwidth)
@@ -265,7 +297,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     dp_intra, dp_inter = dp_g.split(reduce + gather)
     # Only the last micro-batch's backward (2/3 of its compute, at the prior efficiency) can hide
     # the gradient reduction; ZeRO's parameter gather after the step hides behind nothing.
-    window = (2 / 3) * compute / slots * Coefficients.compute
+    window = (2 / 3) * tokens_mb * stage_f / (tp * cp) / work.peak * Coefficients.compute
     dp_exposed = np.maximum(reduce - window, 0.0) + gather
 
     # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.

@@ -40,9 +40,16 @@ def test_tp_divides_the_compute_of_each_gpu() -> None:
     assert f.iloc[0] / f.iloc[1] == pytest.approx(4.0)
 
 
-def test_pipeline_bubble_is_pp_minus_one_micro_batch_slots() -> None:
-    f = features(rows({"pp": 4, "grad_acc": 8}, {"pp": 4, "grad_acc": 16}), WORK_8B)["compute"]
-    assert f.iloc[1] / f.iloc[0] == pytest.approx((16 + 3) / (8 + 3))
+def test_pipeline_bubble_is_the_other_stages_work_once() -> None:
+    """1F1B: m micro-batches at the pace of the busiest stage, plus filling and draining the
+    pipeline, which costs the other stages' work once: (m − 1)·t_max + Σ_s t_s. For a balanced
+    split that is (m + pp − 1)·t; an unbalanced one pays less than (pp − 1)·t_max."""
+    f = features(rows({"pp": 4, "grad_acc": 8}, {"pp": 4, "grad_acc": 16}, {"grad_acc": 1}),
+                 WORK_8B)["compute"].to_numpy()
+    t_max = (f[1] - f[0]) / 8  # one more micro-batch costs one busiest-stage slot
+    total = f[2]  # the whole model, one micro-batch (pp = 1)
+    assert f[0] == pytest.approx(7 * t_max + total)
+    assert total <= 4 * t_max and f[0] <= (8 + 3) * t_max
 
 
 def test_busiest_stage_carries_at_least_its_share_of_the_work() -> None:
