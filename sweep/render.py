@@ -12,12 +12,13 @@ would not change is not rewritten.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import shlex
 import tempfile
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ JOB_FILE = "job.sbatch"
 LAUNCH_DIR = "launch"
 RUNS_DIR = "runs"
 WRITE_THREADS = 32
+MAX_RENDER_WORKERS = 8
+RUNS_PER_WORKER = 256  # below this, starting a process costs more than it saves
 _SLURM_VALUE = re.compile(SLURM_VALUE_PATTERN)
 # A run folder's path appears in #SBATCH --output, where nothing can be quoted.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+=@,-]*$")
@@ -303,20 +306,55 @@ def resolve_templates_dir(spec: Spec, spec_dir: Path | None) -> Path | None:
 
 
 def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
-                spec_dir: Path | None = None) -> list[Path]:
-    """Write `out_dir/runs/<run_id>/` for every kept configuration; returns the run folders.
+                spec_dir: Path | None = None, workers: int | None = None) -> list[Path]:
+    """Write `out_dir/runs/<run_id>/` for every kept configuration; returns the run folders,
+    in plan order.
 
     `spec_dir` anchors a relative `templates_dir` (the spec file's folder); default: cwd.
+    Runs are independent, so a large plan is rendered by `workers` forked processes (default:
+    one per CPU, at most 8, and none below RUNS_PER_WORKER runs each), each taking a contiguous
+    slice of the plan.
     """
     out = Path(out_dir).resolve()
     if not _SAFE_PATH.match(str(out)):
         raise RenderError(f"--out: {out} has characters that #SBATCH lines cannot carry; "
                           "use a sweep folder whose path has only letters, digits and ._-/+=@,")
+    rows = kept_rows(plan_df)
+    _refuse_duplicate_run_ids(rows)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, MAX_RENDER_WORKERS, len(rows) // RUNS_PER_WORKER)
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return _render_slice(spec, rows, out, spec_dir)
+    size = -(-len(rows) // workers)
+    slices = [rows[start:start + size] for start in range(0, len(rows), size)]
+    context = multiprocessing.get_context("fork")  # the children inherit the resolved spec
+    with ProcessPoolExecutor(len(slices), mp_context=context) as pool:
+        parts = pool.map(_render_slice, [spec] * len(slices), slices, [out] * len(slices),
+                         [spec_dir] * len(slices))
+        return [run_dir for part in parts for run_dir in part]
+
+
+def _refuse_duplicate_run_ids(rows: list[dict[str, Any]]) -> None:
+    """Two plan rows of one run would race for its folder; the planner's run_id column (when
+    the plan has one) finds them before anything is written."""
+    seen: dict[Any, dict[str, Any]] = {}
+    for row in rows:
+        run_id = row.get("run_id")
+        if run_id is None:
+            continue
+        if run_id in seen:
+            raise RenderError(f"two plan rows resolve to the same run {run_id} (the second: "
+                              f"{row}); the plan has duplicate rows")
+        seen[run_id] = row
+
+
+def _render_slice(spec: Spec, rows: list[dict[str, Any]], out: Path,
+                  spec_dir: Path | None) -> list[Path]:
     env = make_environment(resolve_templates_dir(spec, spec_dir))
     launch_names = launch_templates(env, spec.framework)
     resolve = RunResolver(spec)
     rendered: dict[Path, dict[str, str]] = {}
-    for row in kept_rows(plan_df):
+    for row in rows:
         config = resolve(row)
         doc = config.to_json()
         run_dir = out / RUNS_DIR / doc["run_id"]

@@ -221,3 +221,36 @@ def test_a_damaged_script_is_repaired_by_the_next_render(tmp_path: Path) -> None
     render.render_runs(parse_spec(SPEC), plan(row()), tmp_path)
     assert script.read_text() == whole
     assert sorted(p.name for p in (run_dir / "launch").iterdir()) == ["builtin.sh"]
+
+
+def test_rendering_in_several_processes_writes_exactly_what_one_process_writes(
+        tmp_path: Path, repo_root: Path) -> None:
+    from sweep import space
+    from sweep.spec import load_spec
+
+    spec = load_spec(repo_root / "examples" / "playbook.yaml")
+    plan = space.plan(spec)
+    plan = plan[plan.status == "kept"].head(600)
+    serial = render.render_runs(spec, plan, tmp_path / "serial", workers=1)
+    forked = render.render_runs(spec, plan, tmp_path / "forked", workers=3)
+    assert [d.name for d in forked] == [d.name for d in serial] == list(plan.run_id)
+
+    def files(root: Path) -> dict[str, str]:
+        return {str(p.relative_to(root)): p.read_text().replace(str(root), "<out>")
+                for p in root.rglob("*") if p.is_file()}
+
+    assert files(tmp_path / "forked") == files(tmp_path / "serial")
+
+
+def test_duplicate_plan_rows_are_refused_before_anything_is_written(
+        tmp_path: Path, repo_root: Path) -> None:
+    from sweep import space
+    from sweep.spec import load_spec
+
+    spec = load_spec(repo_root / "examples" / "local-cpu.yaml")
+    plan = space.plan(spec)
+    kept = plan[plan.status == "kept"]
+    doubled = pd.concat([kept, kept.head(1)])
+    with pytest.raises(render.RenderError, match="duplicate rows"):
+        render.render_runs(spec, doubled, tmp_path / "out")
+    assert not (tmp_path / "out" / "runs").exists()
