@@ -22,6 +22,8 @@ SQUEUE_FORMAT: Final = SEP.join(["%i", "%T", "%r", "%N", "%k"])
 SACCT_FIELDS: Final = ("JobID", "JobIDRaw", "JobName", "State", "ExitCode", "DerivedExitCode",
                        "NodeList", "Start", "End", "ElapsedRaw", "AllocTRES", "SubmitLine")
 
+# scancel of a job that ended meanwhile: nothing left to cancel, not an error.
+_GONE: Final = ("Invalid job id specified", "already completing or completed")
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
 
@@ -232,7 +234,11 @@ class Slurm:
         options = [*([f"--signal={signal}"] if signal else []),
                    *([f"--state={','.join(states)}"] if states else [])]
         for chunk in chunks(sorted(set(job_ids))):
-            self._call(["scancel", *options, *chunk])
+            result = self._call(["scancel", *options, *chunk], check=False)
+            errors = [line for line in result.stderr.splitlines() if line.strip()
+                      and not any(benign in line for benign in _GONE)]
+            if result.returncode != 0 and errors:
+                raise SlurmError(f"scancel failed (exit {result.returncode}): {errors[-1]}")
 
 
 def _run(argv: Sequence[str], pass_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[str]:

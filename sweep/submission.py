@@ -73,9 +73,10 @@ def shape_of(directives: Mapping[str, str], where: str = "job.sbatch") -> Shape:
 def shape_options(shape: Shape, exclude: Iterable[str] = ()) -> list[str]:
     """sbatch command-line options for a shape, with extra nodes to exclude merged in."""
     options = dict(shape)
-    extra = sorted(set(exclude))
+    current = options.get("exclude", "")
+    listed = set(current.split(",")) if "[" not in current else {current}
+    extra = sorted(set(exclude) - listed)
     if extra:
-        current = options.get("exclude", "")
         options["exclude"] = ",".join([current, *extra] if current else extra)
     return [f"--{name}={value}" if value else f"--{name}" for name, value in sorted(options.items())]
 

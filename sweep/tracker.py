@@ -333,7 +333,7 @@ class Tracker:
         failures: list[NodeFailure] = []
         for run_id in self.run_ids(refresh=True):
             task = latest.get(run_id)
-            view = views.get(task.task_id) if task else None
+            view = (views.get(task.task_id) or views.get(task.job_id)) if task else None
             attempt = self._attempt(run_id, task, view)
             state = run_state(run_id, task, view, attempt, now)
             states.append(state)
@@ -347,6 +347,8 @@ class Tracker:
                            excluded=excluded, slurm_calls=calls)
 
     def _slurm_views(self, masters: Sequence[str]) -> dict[str, SlurmView]:
+        """Slurm's view by task id ("M_i"), and by array id ("M") for an array whose tasks were
+        never split off (a held or pending array cancelled as a whole is one record "M")."""
         views: dict[str, SlurmView] = {}
         for entry in self.slurm.accounting(masters):
             for task_id in _task_ids(entry.job_id):
@@ -442,8 +444,11 @@ def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:
 
 
 def _task_ids(job_id: str) -> list[str]:
+    """The task ids a squeue/sacct row stands for; a plain array id stands for itself."""
     expanded = expand_task_ids(job_id)
-    return [f"{expanded[0]}_{i}" for i in expanded[1]] if expanded else []
+    if expanded:
+        return [f"{expanded[0]}_{i}" for i in expanded[1]]
+    return [job_id] if job_id.isdigit() else []
 
 
 def _acct_view(entry: AcctEntry) -> SlurmView:

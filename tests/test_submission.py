@@ -41,6 +41,8 @@ def test_shape_options_merge_the_bad_nodes_into_the_exclude_list() -> None:
     assert "--exclude=gpu[01-02],node3,node7" in options
     assert "--no-requeue" in options and "--nodes=2" in options
     assert not any(o.startswith("--exclude") for o in shape_options(shape_of(TWO_NODES)))
+    already = shape_of({**TWO_NODES, "exclude": "node3,node7"})
+    assert "--exclude=node3,node7" in shape_options(already, exclude=["node7"])
 
 
 def test_runs_of_one_shape_share_an_array_in_first_seen_order() -> None:

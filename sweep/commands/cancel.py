@@ -37,15 +37,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         with tracker.lock():
             subs = tracker.reconcile(write=True)
+            masters = sorted({s.job_id for s in subs if s.job_id})
+            live = [entry.job_id for entry in tracker.slurm.queue(masters)] if masters else []
             if args.run:
                 latest = latest_tasks(subs)
                 unknown = [r for r in args.run if r not in latest]
                 if unknown:
                     raise UserError(f"--run {unknown[0]}: this sweep never submitted that run "
                                     f"(see `sweep status {args.sweep_dir}`)")
-                targets = [latest[r].task_id for r in args.run]
-            else:
-                targets = sorted({s.job_id for s in subs if s.job_id})
+                targets = [latest[r].task_id for r in args.run if latest[r].task_id in live]
+            else:  # only arrays with a task in the queue: the others are over
+                targets = sorted({job.split("_")[0] for job in live})
             if targets:
                 tracker.slurm.cancel(targets, states=[STATES[s] for s in states])
     except SlurmError as error:

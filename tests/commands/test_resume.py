@@ -1,0 +1,164 @@
+"""Faults on the real local cluster, then `sweep resume`: a time limit, an OOM under --mem, a
+cancel, a crash and a node failure (`scripts/local-slurm.sh kill-node`) are each classified;
+the failed node joins the exclude list; resume submits exactly the failed runs, once.
+
+The runs' job.sbatch and watchdog are the real ones; only the launcher is a test template
+(the spec's `templates_dir`): it sleeps, allocates past --mem, or exits 3, according to the
+FAULT variable each run's settings export, so that no trainer burns the CI's two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sweep.cli import main
+from sweep.state import read_jsonl
+from sweep.submission import latest_tasks, submissions
+from sweep.tracker import Tracker
+from tests.slurm_sweeps import cancel_sweep, job_path, wait_until_settled
+
+__all__ = ["job_path"]  # a fixture
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "local-slurm.sh"
+LAUNCHER = """#!/bin/bash
+# test launcher for run {{ run_id | comment }}: a fault instead of a trainer
+case "${FAULT:-sleep}" in
+  oom) exec {{ s.python | shq }} -c "import time; x = [b'x' * (1 << 20) for _ in range(2000)]; time.sleep(60)" ;;
+  crash) echo "test launcher: failing on purpose" >&2; exit 3 ;;
+  *) exec sleep 300 ;;
+esac
+"""
+OTHERS = ["node1", "node3", "node4"]
+SPEC = f"""
+name: {{name}}
+framework: builtin
+gpu: cpu
+gpus_per_node: 1
+dtype: fp32
+templates_dir: templates
+models: [tiny-4l]
+nodes: [1]
+seq_len: 64
+global_batch: {{{{sequences: 8}}}}
+axes: {{{{mbs: [1, 2, 4], zero_stage: [0, 1], recompute: [none]}}}}
+run:
+  time_limit: "00:05:00"
+  signal_before_s: 30
+  startup_timeout_s: 900
+  hang_timeout_s: 900
+  mem: "400M"
+  exclusive: false
+  exclude: [node2]
+overrides:
+  - where: {{{{mbs: 1, zero_stage: 0}}}}
+    set: {{{{time_limit: "00:01:00", signal_before_s: 5, env: {{{{FAULT: sleep}}}}}}}}
+  - where: {{{{mbs: 1, zero_stage: 1}}}}
+    set: {{{{mem: "250M", env: {{{{FAULT: oom}}}}}}}}
+  - where: {{{{mbs: 2, zero_stage: 1}}}}
+    set: {{{{env: {{{{FAULT: crash}}}}}}}}
+  - where: {{{{mbs: 4}}}}
+    set: {{{{exclude: {OTHERS}}}}}
+"""
+EXPECTED = {(1, 0): "timeout", (1, 1): "oom", (2, 0): "cancelled", (2, 1): "crashed",
+            (4, 0): "node_fail", (4, 1): "node_fail"}
+
+
+def local_slurm(*args: str) -> None:
+    subprocess.run(["bash", str(SCRIPT), *args], check=True, capture_output=True, timeout=120)
+
+
+def squeue_nodes(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %N"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_faults_are_classified_and_resume_reruns_exactly_the_failed_runs(
+        slurm_cluster: None, job_path: None, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("killing a node's slurmd needs root (scripts/local-slurm.sh kill-node)")
+    (tmp_path / "templates" / "launch").mkdir(parents=True)
+    (tmp_path / "templates" / "launch" / "builtin.sh.j2").write_text(LAUNCHER)
+    name = f"faults{os.getpid()}"
+    try:
+        run_faults(name, tmp_path, capsys)
+    finally:
+        cancel_sweep(name)
+
+
+def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(name=name))
+    out = tmp_path / "sweep"
+    assert main(["submit", str(spec), "--out", str(out)]) == 0
+    tracker = Tracker(out)
+    layout = {}
+    for run_id in tracker.run_ids():
+        doc = json.loads((out / "runs" / run_id / "run.json").read_text())
+        layout[(doc["layout"]["mbs"], doc["layout"]["zero_stage"])] = run_id
+    tasks = {run: task.task_id for run, task in latest_tasks(tracker.submissions()).items()}
+    killed = False
+    try:
+        # Everything running; the two node-failure runs share node2, the others never use it.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            states = {run: squeue_nodes(task) for run, task in tasks.items()}
+            if all(s.startswith("RUNNING") for s in states.values()):
+                break
+            time.sleep(1)
+        assert squeue_nodes(tasks[layout[(4, 0)]]) == "RUNNING node2"
+        assert squeue_nodes(tasks[layout[(4, 1)]]) == "RUNNING node2"
+        # Kill the node once the srun steps run: a node that dies while a job is still
+        # launching its step fails the job (FAILED 105, srun could not launch), not NODE_FAIL.
+        events = [out / "runs" / layout[key] / "attempts" / "1" / "watchdog.jsonl"
+                  for key in ((4, 0), (4, 1))]
+        while time.monotonic() < deadline and not all(
+                path.is_file() and '"launch"' in path.read_text() for path in events):
+            time.sleep(0.5)
+        assert main(["cancel", str(out), "--run", layout[(2, 0)]]) == 0
+        local_slurm("kill-node", "node2")
+        killed = True
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            node_failed = {s.run_id: s.state for s in tracker.observe().states
+                           if s.run_id in (layout[(4, 0)], layout[(4, 1)])}
+            if set(node_failed.values()) == {"node_fail"}:
+                break
+            time.sleep(2)
+    finally:
+        if killed:
+            local_slurm("restart-node", "node2")
+    observation = wait_until_settled(out, timeout_s=180)
+    got = {key: next(s.state for s in observation.states if s.run_id == run)
+           for key, run in layout.items()}
+    assert got == EXPECTED, [(s.run_id, s.state, s.reason) for s in observation.states]
+    assert observation.excluded == ["node2"]  # two node failures there
+
+    capsys.readouterr()
+    assert main(["resume", str(out), "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert "--exclude=node2 " in dry and f"--exclude={','.join(OTHERS)},node2 " in dry
+    before = len(submissions(read_jsonl(out / "ledger.jsonl")))
+    assert main(["resume", str(out), "--hold"]) == 0
+    new = submissions(read_jsonl(out / "ledger.jsonl"))[before:]
+    resubmitted = sorted(run for sub in new for run in sub.run_ids)
+    failed = sorted(layout[k] for k, v in EXPECTED.items() if v != "oom")
+    assert resubmitted == failed and all(sub.job_id for sub in new)
+    assert main(["resume", str(out), "--hold"]) == 0  # they are pending now: nothing twice
+    assert len(submissions(read_jsonl(out / "ledger.jsonl"))) == before + len(new)
+    capsys.readouterr()
+    assert main(["resume", str(out), "--only", "oom", "--dry-run"]) == 0
+    assert "would resubmit 1 run(s): 1 oom" in capsys.readouterr().out
+    assert main(["cancel", str(out), "--only", "pending"]) == 0
+    time.sleep(1)
+    after = {s.run_id: s.state for s in Tracker(out).observe().states}
+    assert sorted(r for r, state in after.items() if state == "cancelled") == failed

@@ -1,0 +1,46 @@
+"""`sweep status` output from one observation (no cluster: the poll itself is tested live in
+tests/commands/test_submit.py and test_resume.py)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from sweep.commands.status import gpu_hours, render
+from sweep.submission import RunState
+from sweep.tracker import Observation, RunInfo, time_seconds
+
+
+def observation() -> Observation:
+    infos = {r: RunInfo(r, "8b", 2, 16, 3600) for r in ("a", "b", "c", "d", "e")}
+    states = [RunState("a", "completed", elapsed_s=1800.0, task="7_0", attempt=1),
+              RunState("b", "completed", elapsed_s=900.0, task="7_1", attempt=1),
+              RunState("c", "node_fail", reason="sacct: slurm_node_fail", elapsed_s=60.0,
+                       task="7_2", attempt=1, nodes=("node2",)),
+              RunState("d", "running", task="7_3"), RunState("e", "unsubmitted")]
+    return Observation(states=states, infos=infos, failures=[], excluded=["node2"],
+                       slurm_calls={"squeue": 1, "sacct": 1})
+
+
+def test_gpu_hours_used_and_an_estimate_of_what_is_left() -> None:
+    used, remaining = gpu_hours(observation())
+    assert used == (1800 + 900 + 60) * 16 / 3600
+    # c, d and e still to run, each at the median of the completed runs of its cell (1350 s)
+    assert remaining == 3 * 1350 * 16 / 3600
+
+
+def test_the_tables_show_counts_cells_failures_and_the_exclude_list() -> None:
+    console = Console(file=io.StringIO(), width=140)
+    for item in render(observation(), Path("results/demo"), 0.1):
+        console.print(item)
+    text = console.file.getvalue()
+    assert "demo: 5 run(s)" in text and "node_fail" in text and "8b" in text
+    assert "bad nodes excluded from later submissions: node2" in text
+    assert "1 sacct, 1 squeue" in text
+
+
+def test_slurm_time_limits() -> None:
+    assert [time_seconds(t) for t in ("30", "00:10:00", "1-02:00:00", "05:30", "")] == \
+        [1800, 600, 93600, 330, 0]
