@@ -4,7 +4,8 @@ Outcomes are classes, not grep results (DESIGN decision 3). `scan_log_for_failur
 known failure line in a log; `classify` walks the ordered `RULES` table and the first rule that
 matches decides, keeping its evidence lines and its name. The order encodes which cause is the
 root when several show: Slurm's own verdicts on the node (node failure, preemption) come first,
-because they cause the NCCL errors and SIGTERMs that follow; then a clean exit; then memory
+because they cause the NCCL errors and SIGTERMs that follow; then the watchdog's early stop at
+steady state (its own SIGTERM causes the errors that follow); then a clean exit; then memory
 (an OOM on one rank makes the others hang or lose their peers); then hangs, the time limit and
 cancels; then generic crashes; then bare exit codes; then sacct alone.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from sweep.logs.base import strip_ansi
 from sweep.slurm_states import outcome_from_sacct
@@ -51,6 +53,8 @@ class Evidence:
     derived_exit_code: str | None = None  # sacct DerivedExitCode
     step_states: tuple[str, ...] = ()  # sacct State of each step
     launch_error: str | None = None  # the launcher could not be started at all (exec failure)
+    # The watchdog ended the run because its step times were steady (sweep.steady.Window.to_json()).
+    steady_state: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -231,6 +235,16 @@ def _launch_failed(ctx: Context) -> Match | None:
     return ("crashed", "launcher_failed_to_start", (error,)) if error else None
 
 
+def _steady_state(ctx: Context) -> Match | None:
+    window = ctx.evidence.steady_state
+    if not window:
+        return None
+    return "completed", "steady_state", (
+        f"watchdog: step times steady, CV {window['cv']:.4g} < {window['max_cv']:g} over the last "
+        f"{window['window']} step times (steps {window['first_step']}..{window['last_step']}); "
+        f"stopped the process tree",)
+
+
 def _clean_exit(ctx: Context) -> Match | None:
     ev = ctx.evidence
     codes = list(ev.exit_codes.values())
@@ -370,6 +384,8 @@ RULES: tuple[Rule, ...] = (
     Rule("slurm_preemption", "preempted", "preempted or requeued by Slurm",
          _log_or_sacct("slurm_preemption", "preempted")),
     Rule("launch_failed", "crashed", "the watchdog could not start the launcher", _launch_failed),
+    Rule("steady_state", "completed", "the watchdog ended the run early: the CV of its last step times was under "
+         "run.early_stop.max_cv (errors its own SIGTERM causes do not count)", _steady_state),
     Rule("clean_exit", "completed", "every node exited 0 (and sacct, if any, agrees; the step budget was reached)",
          _clean_exit),
     Rule("illegal_memory_access", "crashed", "CUDA illegal memory access (even under memory pressure it is a crash)",

@@ -219,6 +219,7 @@ def _outcome_columns(row: dict[str, Any], status: Mapping[str, Any],
     evidence = status.get("evidence") or []
     row["evidence"] = evidence if isinstance(evidence, list) else [str(evidence)]
     row["last_step"] = status.get("last_step")
+    row["ended_by"] = status.get("ended_by")  # the watchdog's word; a builtin summary's wins
     if status.get("exit_codes") is not None:
         row["exit_codes_json"] = json.dumps(status["exit_codes"], sort_keys=True)
 

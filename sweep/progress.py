@@ -4,7 +4,9 @@ Progress is run-wide: every node's watchdog reads the shared attempt folder, tha
 `metrics.jsonl` (built-in workload) and every node's `logs/node<k>.out/.err` through the
 framework's step parser. A node whose own ranks print nothing (Megatron logs from the last
 rank, torchtitan from rank 0) therefore still sees the run advance. Files are read
-incrementally, so one poll costs a few stat calls when nothing changed.
+incrementally, so one poll costs a few stat calls when nothing changed. Step times are kept per
+step number (the first line seen for a step: several ranks or nodes may print the same one), in
+step order, for the watchdog's early-stop rule.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from sweep.state import METRICS_FILE
 
 LOGS_DIR = "logs"
-StepMatcher = Callable[[str], object | None]  # a line -> a record with `.step`, or None
+StepMatcher = Callable[[str], object | None]  # a line -> a record with `.step` (`.step_time_s`), or None
 
 
 @dataclass
@@ -58,28 +60,44 @@ class Progress:
     last_step: int | None = None
     last_progress: float | None = None
     summary: dict[str, object] | None = None
+    step_times: dict[int, float] = field(default_factory=dict)  # step -> seconds, in step order
     _tails: dict[Path, FileTail] = field(default_factory=dict)
 
     def poll(self) -> int:
         """Read what is new; returns how many step records appeared."""
-        new_steps: list[int] = []
+        new_steps: list[tuple[int, object]] = []  # (step, seconds or None)
         for record in self._records(self.attempt_dir / METRICS_FILE):
             if record.get("kind") == "step" and isinstance(record.get("step"), int):
-                new_steps.append(record["step"])
+                new_steps.append((record["step"], record.get("step_time_s")))
             elif record.get("kind") == "summary":
                 self.summary = record
         if self.match_step is not None:
             for path in self._log_files():
                 for line in self._tail(path).read_lines():
-                    step = getattr(self.match_step(line), "step", None)
+                    matched = self.match_step(line)
+                    step = getattr(matched, "step", None)
                     if isinstance(step, int):
-                        new_steps.append(step)
+                        new_steps.append((step, getattr(matched, "step_time_s", None)))
+        self._keep_times(new_steps)
         if new_steps:
             self.steps_seen += len(new_steps)
             previous = [] if self.last_step is None else [self.last_step]
-            self.last_step = max(new_steps + previous)
+            self.last_step = max([step for step, _ in new_steps] + previous)
             self.last_progress = time.monotonic()
         return len(new_steps)
+
+    def _keep_times(self, new_steps: list[tuple[int, object]]) -> None:
+        """The first time seen for each step, in step order (a late line from another file re-sorts)."""
+        last = next(reversed(self.step_times), None)
+        in_order = True
+        for step, seconds in new_steps:
+            if step in self.step_times or isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                continue
+            in_order = in_order and (last is None or step > last)
+            self.step_times[step] = float(seconds)
+            last = step if last is None else max(last, step)
+        if not in_order:
+            self.step_times = dict(sorted(self.step_times.items()))
 
     def _tail(self, path: Path) -> FileTail:
         if path not in self._tails:

@@ -53,6 +53,7 @@ def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int |
         oom_kill_count=sum(kills) if kills else None,
         launch_error="; ".join(errors) or None,
         time_limit_hit=any(o.get("time_limit_hit") for o in observed.values()),
+        steady_state=next((o["steady_state"] for o in observed.values() if o.get("steady_state")), None),
     )
     return classify(evidence)
 

@@ -6,7 +6,11 @@ It cleans the node, starts the launcher in its own session with the run's tag in
 environment, and watches progress. No first step within `startup_timeout_s`, or no new step
 within `hang_timeout_s`, is a hang. On a hang, on Slurm's USR1 (sent `signal_before_s` before
 the time limit) or on TERM/INT, it stops the whole run: SIGTERM, a grace period, SIGKILL, then
-the processes that escaped the session, found by their tag. It classifies the outcome from
+the processes that escaped the session, found by their tag. With `settings.early_stop`, a
+framework run (Megatron, nanotron, torchtitan) whose parsed step times are steady
+(`sweep.steady`) is stopped the same way and is `completed`, ended by `steady_state`; the
+built-in workload stops itself. Steadiness is judged step by step on the shared logs, so every
+node's watchdog reaches it at the same step. It classifies the outcome from
 evidence, writes `node<k>.json`, and on node 0 writes the run's `status.json`, last.
 """
 
@@ -27,6 +31,7 @@ from sweep import cleanup, jobinfo, proctree
 from sweep.classify import Verdict, scan_log_for_failures
 from sweep.progress import LOGS_DIR, Progress, StepMatcher
 from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json, read_json
+from sweep.steady import EarlyStop, Window, steady_state
 from sweep.verdict import (decide, log_text, merge_nodes, node_file, wait_for_node_files,
                            wait_for_status)
 
@@ -64,6 +69,9 @@ class WatchdogConfig:
     tmp_dir: Path = Path("/tmp")
     debris_min_age_s: float = 60.0
     expected_steps: int | None = None  # the built-in workload's step budget (settings.steps)
+    early_stop: EarlyStop | None = None  # frameworks only: the built-in workload stops itself
+    warmup_steps: int = 0
+    step_budget: int | None = None  # settings.steps: at the budget, the budget ended the run
 
     @property
     def tag(self) -> str:
@@ -98,6 +106,12 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         timeouts[key] = float(value)
     steps = settings.get("steps")
     expected = steps if run.framework == "builtin" and isinstance(steps, int) else None
+    try:
+        early_stop = EarlyStop.from_settings(settings) if run.framework != "builtin" else None
+    except ValueError as exc:
+        raise WatchdogError(f"{run_dir}/run.json: {exc}; fix run.early_stop in the spec and "
+                            f"render again") from None
+    warmup = settings.get("warmup_steps", 0)
     attempt_text = env.get(proctree.ATTEMPT_ENV) or attempt_dir.name
     if not attempt_text.isdigit():
         raise WatchdogError(f"cannot tell the attempt number: {proctree.ATTEMPT_ENV} is unset and "
@@ -116,8 +130,9 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         attempt=int(attempt_text), framework=run.framework,
         node_index=env_int("SLURM_NODEID", 0), nnodes=env_int("SLURM_NNODES", run.nodes),
         node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
-        slurm_job_id=env.get("SLURM_JOB_ID") or None, expected_steps=expected, **timeouts,
-        **overrides)
+        slurm_job_id=env.get("SLURM_JOB_ID") or None, expected_steps=expected,
+        early_stop=early_stop, warmup_steps=warmup if isinstance(warmup, int) else 0,
+        step_budget=steps if isinstance(steps, int) else None, **timeouts, **overrides)
 
 
 def _step_matcher(framework: str) -> StepMatcher | None:
@@ -154,6 +169,8 @@ class Watchdog:
         self.orphans_reaped = 0
         self.peers_done: set[int] = set()
         self.peer_failed: str | None = None
+        self.steady: Window | None = None  # set when the watchdog ends the run at steady state
+        self._steady_checked = 0  # the last step the early-stop rule was applied to
         self.progress = Progress(config.attempt_dir, _step_matcher(config.framework))
 
     # -- events -------------------------------------------------------------------------
@@ -206,11 +223,13 @@ class Watchdog:
                        orphans_reaped=self.orphans_reaped)
         self.progress.poll()  # what the run wrote while it went down
         observed = self._observed(hang, launch_error, job_end, oom_before, stop, stop_at)
-        self._publish(observed, started_at)
+        verdict = self._publish(observed, started_at)
         usage = os.times()
         self.event("exit", cpu_self_s=usage.user + usage.system, survivors=stop.survivors)
         if hang is not None:
             return 1
+        if self.steady is not None and verdict.outcome == "completed":
+            return 0  # the launcher died of our SIGTERM, but the run did its work
         if self.exit_code is None:
             return 127 if launch_error else 1
         return self.exit_code if self.exit_code >= 0 else 128 - self.exit_code
@@ -232,9 +251,10 @@ class Watchdog:
             "cgroup_oom_kills": (oom_after - oom_before
                                  if oom_after is not None and oom_before is not None else None),
             "stop": stop.to_json(), "stop_at": stop_at,
+            "steady_state": self.steady.to_json() if self.steady is not None else None,
         }
 
-    def _publish(self, observed: dict[str, Any], started_at: float) -> None:
+    def _publish(self, observed: dict[str, Any], started_at: float) -> Verdict:
         """node<k>.json; on node 0 status.json, last; elsewhere wait for it before exiting."""
         cfg = self.config
         k = cfg.node_index
@@ -250,6 +270,7 @@ class Watchdog:
             wait_s = min(cfg.node_wait_s, cfg.signal_grace_s) if terminated else cfg.node_wait_s
             others = wait_for_node_files(cfg.attempt_dir, cfg.nnodes, wait_s)
             status = merge_nodes(cfg.attempt_dir, record, others, cfg.nnodes, cfg.expected_steps)
+            status["ended_by"] = self._ended_by(status["outcome"], status["rule"])
             atomic_write_json(cfg.attempt_dir / STATUS_FILE, status)
             self.event("status", outcome=status["outcome"], reason=status["reason"],
                        rule=status["rule"], missing_nodes=status["missing_nodes"])
@@ -258,6 +279,16 @@ class Watchdog:
             # watchdog: let node 0 write the run's verdict first.
             written = wait_for_status(cfg.attempt_dir, cfg.node_wait_s + 15)
             self.event("waited_for_status", written=written)
+        return verdict
+
+    def _ended_by(self, outcome: str, rule: str) -> str | None:
+        """Which rule ended a completed run: steady_state or step_budget (None: not completed)."""
+        if outcome != "completed":
+            return None
+        if rule == "steady_state":
+            return "steady_state"
+        summary = self.progress.summary or {}  # the built-in workload says it itself
+        return str(summary.get("ended_by") or "step_budget")
 
     def _launch(self, me: str) -> str | None:
         cfg = self.config
@@ -296,6 +327,8 @@ class Watchdog:
                     self.event("progress", last_step=self.progress.last_step,
                                steps_seen=self.progress.steps_seen)
                     last_event = now
+            if self._steady_now():
+                return None
             if self.exit_code is not None:
                 self.event("launcher_exited", exit_code=self.exit_code)
                 return None
@@ -322,6 +355,31 @@ class Watchdog:
                 self.event("hang", **hang)
                 return hang
             time.sleep(cfg.poll_s)
+
+    def _steady_now(self) -> bool:
+        """Apply the early-stop rule to each new step in order; True once it says stop.
+
+        Step by step, not to the latest step only, so that every node's watchdog (each reads the
+        same logs, at its own moments) stops at the same step, even one whose launcher has
+        already lost its peers to another node's stop. Not at the step budget (the budget ended
+        that run), nor when a failure is already logged: that run is going down on its own, and
+        its verdict is the failure.
+        """
+        rule, budget = self.config.early_stop, self.config.step_budget
+        if rule is None:
+            return False
+        ordered = list(self.progress.step_times.items())
+        for index, (step, _) in enumerate(ordered):
+            if step <= self._steady_checked or (budget is not None and step >= budget):
+                continue
+            self._steady_checked = step
+            window = steady_state(ordered[max(0, index + 1 - rule.window):index + 1], rule,
+                                  self.config.warmup_steps)
+            if window is not None and not self._failure_logged():
+                self.steady = window
+                self.event("steady_state", **window.to_json())
+                return True
+        return False
 
     def _peer_failed(self) -> bool:
         """Another node wrote a failed verdict: our ranks wait on a dead peer, so stop now."""
@@ -353,6 +411,7 @@ class Watchdog:
         return {
             "run_id": cfg.run_id, "attempt": cfg.attempt, "outcome": verdict.outcome,
             "reason": verdict.reason, "rule": verdict.rule,
+            "ended_by": self._ended_by(verdict.outcome, verdict.rule),
             "evidence": list(verdict.evidence_lines),
             "last_step": self.progress.last_step,
             "exit_codes": {f"node{cfg.node_index}": self.exit_code},

@@ -312,3 +312,24 @@ def test_every_pattern_reason_has_a_one_liner():
     from sweep.classify import PATTERNS
 
     assert {p.reason for p in PATTERNS} == set(ONE_LINERS)
+
+
+# ---------------------------------------------------------------- early stop at steady state
+
+STEADY = {"window": 5, "cv": 0.004, "max_cv": 0.02, "first_step": 4, "last_step": 8}
+
+
+def test_a_watchdog_steady_stop_is_completed_whatever_its_own_sigterm_caused():
+    # constructed: what a rank prints when the watchdog's SIGTERM takes its peers first
+    log = "[rank0]: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4321\n"
+    for code in (-15, 1, 143):
+        verdict = classify(Evidence(exit_codes={"node0": code}, log_text=log, last_step=8, steady_state=STEADY))
+        assert (verdict.outcome, verdict.reason, verdict.rule) == ("completed", "steady_state", "steady_state")
+    assert verdict.evidence_lines == ("watchdog: step times steady, CV 0.004 < 0.02 over the last 5 step times "
+                                      "(steps 4..8); stopped the process tree",)
+
+
+def test_slurm_failures_outrank_a_steady_stop():
+    node_fail = Evidence(log_text=log_body("fail_slurm_node_fail_2.log"), exit_codes={"node0": -15}, steady_state=STEADY)
+    assert classify(node_fail).outcome == "node_fail"
+    assert classify(Evidence(slurm_state="PREEMPTED", steady_state=STEADY)).outcome == "preempted"

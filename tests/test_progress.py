@@ -60,3 +60,20 @@ def test_read_tail_starts_at_a_line(tmp_path: Path) -> None:
     tail = read_tail(path, max_bytes=100)
     assert tail.endswith("line 999\n") and tail.startswith("line ") and len(tail) <= 100
     assert read_tail(tmp_path / "missing") == ""
+
+
+def test_step_times_are_kept_once_per_step_in_step_order(tmp_path: Path) -> None:
+    """Real Megatron lines, printed by two nodes (a late one included): one time per step."""
+    parser = get_parser("megatron")
+    progress = Progress(tmp_path, parser.match_step)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [l for l in (FIXTURES / "megatron_steps_4.log").read_text().splitlines()
+             if parser.match_step(l) is not None]
+    expected = {parser.match_step(l).step: parser.match_step(l).step_time_s for l in lines}
+    (logs / "node1.out").write_text("\n".join(lines[1:]) + "\n")
+    progress.poll()
+    assert list(progress.step_times) == sorted(expected)[1:]
+    (logs / "node0.out").write_text("\n".join(lines) + "\n")  # the same lines, and the first one late
+    progress.poll()
+    assert progress.step_times == expected and list(progress.step_times) == sorted(expected)

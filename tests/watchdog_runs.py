@@ -37,10 +37,10 @@ def steps(n, gap=0.05, start=1):
 class Run:
     """A rendered run directory with one attempt folder, and helpers to supervise a launcher."""
 
-    def __init__(self, root: Path, *, nodes: int = 1, **settings: Any) -> None:
+    def __init__(self, root: Path, *, nodes: int = 1, framework: str = "builtin", **settings: Any) -> None:
         # A run id of its own (the batch size is part of it), so that concurrent test sessions
         # and benchmarks never share a tag: survivors() and kill_leftovers() go by tag.
-        config = RunConfig(sweep="t", framework="builtin", model=TINY,
+        config = RunConfig(sweep="t", framework=framework, model=TINY,
                            layout=Layout(dp=1, tp=1, pp=1), nodes=nodes, gpus_per_node=1, gpu="cpu",
                            dtype="fp32", seq_len=32,
                            global_batch_sequences=random.randrange(1, 1 << 30),

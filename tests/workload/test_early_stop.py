@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sweep.collect import collect_sweep
 from sweep.state import read_json, read_jsonl
 from tests.workload.runs import REPO, launch, run_config, workload_env, write_run_dir
 
@@ -19,7 +20,7 @@ BUDGET = 300
 
 def test_two_ranks_under_the_watchdog_stop_together_at_steady_state_and_the_run_is_completed(
         tmp_path: Path) -> None:
-    run_dir = write_run_dir(tmp_path, run_config(dp=2, steps=BUDGET, warmup_steps=1,
+    run_dir = write_run_dir(tmp_path / "runs", run_config(dp=2, steps=BUDGET, warmup_steps=1,
                                                  settings={"early_stop": LOOSE, "startup_timeout_s": 120}))
     attempt = run_dir / "attempts" / "1"
     attempt.mkdir(parents=True)
@@ -43,6 +44,8 @@ def test_two_ranks_under_the_watchdog_stop_together_at_steady_state_and_the_run_
     assert rule["window"] == 3 and rule["max_cv"] == 0.5 and rule["cv"] < 0.5
     assert (rule["first_step"], rule["last_step"]) == (len(steps) - 2, len(steps))
     assert "steps=" + str(len(steps)) in (attempt / "logs" / "node0.out").read_text()
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert (row["outcome"], row["ended_by"], row["step_time_n"]) == ("completed", "steady_state", len(steps) - 1)
 
 
 def test_the_step_budget_stays_the_cap_and_the_summary_says_so(tmp_path: Path) -> None:
