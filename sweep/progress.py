@@ -6,7 +6,9 @@ framework's step parser. A node whose own ranks print nothing (Megatron logs fro
 rank, torchtitan from rank 0) therefore still sees the run advance. Files are read
 incrementally, so one poll costs a few stat calls when nothing changed. Step times are kept per
 step number (the first line seen for a step: several ranks or nodes may print the same one), in
-step order, for the watchdog's early-stop rule.
+step order, for the watchdog's early-stop rule. A framework that logs a rate but no step time
+(torchtitan's tokens/s per device) gets one derived from `tokens_per_step_per_gpu`; a constant
+error in that figure does not change the coefficient of variation the rule looks at.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Progress:
     last_step: int | None = None
     last_progress: float | None = None
     summary: dict[str, object] | None = None
+    tokens_per_step_per_gpu: float | None = None  # derives step times from logged tokens/s/GPU
     step_times: dict[int, float] = field(default_factory=dict)  # step -> seconds, in step order
     _tails: dict[Path, FileTail] = field(default_factory=dict)
 
@@ -77,7 +80,7 @@ class Progress:
                     matched = self.match_step(line)
                     step = getattr(matched, "step", None)
                     if isinstance(step, int):
-                        new_steps.append((step, getattr(matched, "step_time_s", None)))
+                        new_steps.append((step, self._seconds(matched)))
         self._keep_times(new_steps)
         if new_steps:
             self.steps_seen += len(new_steps)
@@ -85,6 +88,14 @@ class Progress:
             self.last_step = max([step for step, _ in new_steps] + previous)
             self.last_progress = time.monotonic()
         return len(new_steps)
+
+    def _seconds(self, record: object) -> object:
+        """The record's step time, or one derived from its tokens/s per GPU (None: neither)."""
+        seconds = getattr(record, "step_time_s", None)
+        rate = getattr(record, "tokens_per_sec_per_gpu", None)
+        if seconds is None and self.tokens_per_step_per_gpu and isinstance(rate, (int, float)) and rate > 0:
+            return self.tokens_per_step_per_gpu / rate
+        return seconds
 
     def _keep_times(self, new_steps: list[tuple[int, object]]) -> None:
         """The first time seen for each step, in step order (a late line from another file re-sorts)."""

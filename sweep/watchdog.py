@@ -72,6 +72,7 @@ class WatchdogConfig:
     early_stop: EarlyStop | None = None  # frameworks only: the built-in workload stops itself
     warmup_steps: int = 0
     step_budget: int | None = None  # settings.steps: at the budget, the budget ended the run
+    tokens_per_step_per_gpu: float | None = None  # step times from torchtitan's tokens/s/GPU
 
     @property
     def tag(self) -> str:
@@ -132,7 +133,9 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         node_name=env.get("SLURMD_NODENAME") or socket.gethostname(),
         slurm_job_id=env.get("SLURM_JOB_ID") or None, expected_steps=expected,
         early_stop=early_stop, warmup_steps=warmup if isinstance(warmup, int) else 0,
-        step_budget=steps if isinstance(steps, int) else None, **timeouts, **overrides)
+        step_budget=steps if isinstance(steps, int) else None,
+        tokens_per_step_per_gpu=run.global_batch_sequences * run.seq_len / run.world_size,
+        **timeouts, **overrides)
 
 
 def _step_matcher(framework: str) -> StepMatcher | None:
@@ -171,7 +174,8 @@ class Watchdog:
         self.peer_failed: str | None = None
         self.steady: Window | None = None  # set when the watchdog ends the run at steady state
         self._steady_checked = 0  # the last step the early-stop rule was applied to
-        self.progress = Progress(config.attempt_dir, _step_matcher(config.framework))
+        self.progress = Progress(config.attempt_dir, _step_matcher(config.framework),
+                                 tokens_per_step_per_gpu=config.tokens_per_step_per_gpu)
 
     # -- events -------------------------------------------------------------------------
     def event(self, kind: str, **fields: Any) -> None:

@@ -42,6 +42,15 @@ def megatron(times_ms):
         time.sleep(0.05)
 """
 
+# torchtitan logs tokens/s per device, no step time (tests/fixtures/logs/torchtitan_steps_3.log).
+TORCHTITAN = """
+def torchtitan(tps):
+    for step, rate in enumerate(tps, start=1):
+        print(f"[rank0]:[titan] 2025-03-12 11:10:{step % 60:02d},511 - root - INFO - step: {step}  "
+              f"loss:  6.2250  memory:  1.41GiB(1.79%)  tps: {rate:,}  tflops: 18.36  mfu: 1.86%", flush=True)
+        time.sleep(0.05)
+"""
+
 
 def megatron_run(root: Path, **settings: object) -> Run:
     return Run(root, framework="megatron", steps=BUDGET, warmup_steps=3, early_stop=RULE, **settings)
@@ -72,6 +81,19 @@ def test_steady_step_times_end_the_run_completed_by_steady_state(run: Run) -> No
     assert stopped["terminated"] and not stopped["killed"] and not stopped["survivors"]
     (row,) = collect_sweep(run.root).table.to_pylist()
     assert (row["outcome"], row["rule"], row["ended_by"]) == ("completed", "steady_state", "steady_state")
+
+
+def test_torchtitan_step_times_come_from_its_tokens_per_second(tmp_path: Path) -> None:
+    run = Run(tmp_path, framework="torchtitan", steps=BUDGET, warmup_steps=3, early_stop=RULE)
+    try:
+        tps = [90_000, 150_000, 180_000] + [200_000 + 500 * (-1) ** i for i in range(BUDGET - 3)]
+        done = run.supervise(run.python(TORCHTITAN + f"torchtitan({tps})"))
+    finally:
+        kill_leftovers(run)
+    status = run.status
+    assert (status["outcome"], status["rule"], status["ended_by"]) == ("completed", "steady_state", "steady_state"), \
+        done.stderr
+    assert status["observed"]["steady_state"]["last_step"] == 8
 
 
 def test_step_times_that_vary_wildly_run_to_the_step_budget(run: Run) -> None:
