@@ -78,7 +78,8 @@ def shape_options(shape: Shape, exclude: Iterable[str] = ()) -> list[str]:
     extra = sorted(set(exclude) - listed)
     if extra:
         options["exclude"] = ",".join([current, *extra] if current else extra)
-    return [f"--{name}={value}" if value else f"--{name}" for name, value in sorted(options.items())]
+    return [f"--{name}={value}" if value else f"--{name}"
+            for name, value in sorted(options.items())]
 
 
 def group_by_shape(runs: Sequence[RunJob]) -> list[tuple[Shape, list[str]]]:
@@ -347,7 +348,8 @@ class NodeFailure:
     nodes: tuple[str, ...]
 
 
-def bad_nodes(failures: Iterable[NodeFailure], threshold: int = BAD_NODE_THRESHOLD) -> dict[str, int]:
+def bad_nodes(failures: Iterable[NodeFailure],
+              threshold: int = BAD_NODE_THRESHOLD) -> dict[str, int]:
     """Nodes with at least `threshold` failures (each attempt counted once per node)."""
     counts: dict[str, int] = {}
     seen: set[tuple[str, int | None, str]] = set()

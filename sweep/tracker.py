@@ -19,7 +19,6 @@ import contextlib
 import fcntl
 import getpass
 import json
-import os
 import re
 import secrets
 import shlex
@@ -290,7 +289,7 @@ class Tracker:
                 link.symlink_to(Path("..", "..", RUNS_DIR, run_id, "attempts"))
 
     def submit(self, batches: Sequence[Batch], *, max_running: int | None, hold: bool,
-               exclude: Sequence[str], on_submit: Any = None) -> list[tuple[Batch, str]]:
+               exclude: Sequence[str]) -> list[tuple[Batch, str]]:
         """sbatch each batch, ledger intent before and job id after; returns (batch, job id).
 
         A definite refusal by sbatch is recorded as failed (its runs may go again); any other
@@ -314,8 +313,6 @@ class Tracker:
             append_jsonl(self.ledger, {"event": "submitted", "batch": batch.batch_id,
                                        "job_id": job_id, "time": time.time()})
             done.append((batch, job_id))
-            if on_submit is not None:
-                on_submit(batch, job_id)
         return done
 
     # -- observing --------------------------------------------------------------------------

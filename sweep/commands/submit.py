@@ -17,7 +17,8 @@ from sweep.cli import UserError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", type=Path, help="a sweep spec (YAML) or a rendered sweep folder")
-    parser.add_argument("--out", type=Path, help="with SPEC: the sweep folder (default results/<name>)")
+    parser.add_argument("--out", type=Path,
+                        help="with SPEC: the sweep folder (default results/<name>)")
     add_submit_options(parser)
 
 
