@@ -103,8 +103,11 @@ def test_live_completed_job_reports_its_steps(slurm_cluster: None, tmp_path: Pat
     deadline = time.monotonic() + 30
     rows = []
     while time.monotonic() < deadline:
+        # slurmdbd may first show a placeholder row (JobName `allocation`, one node) for a job
+        # that is already COMPLETED: wait for the job's own record.
         rows = client.accounting([job_id])
-        if rows and rows[0].state == "COMPLETED" and len(rows[0].steps) >= 2:
+        if rows and rows[0].state == "COMPLETED" and len(rows[0].steps) >= 2 \
+                and rows[0].name == "job.sh":
             break
         time.sleep(0.3)
     assert rows[0].state == "COMPLETED"
