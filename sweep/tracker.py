@@ -24,7 +24,7 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -35,7 +35,8 @@ from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
                          atomic_write_text, attempt_dirs, read_json, read_jsonl)
-from sweep.submission import (Batch, AttemptView, NodeFailure, RunJob, RunState, SlurmView,
+from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeFailure, RunJob,
+                              RunState, SlurmView,
                               Submission, SubmissionError, TaskRef, array_option, bad_nodes,
                               batch_in, expand_task_ids, job_comment, latest_tasks, plan_batches,
                               reconcile, run_state, shape_of, shape_options, submissions)
@@ -496,3 +497,39 @@ def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | 
         for batch, job_id in tracker.submit(batches, **options):
             report.submitted.append((batch.batch_id, job_id, len(batch.run_ids)))
     return report
+
+
+class SlurmRounds:
+    """A search strategy's executor on Slurm (`sweep submit --strategy`): each round's runs are
+    submitted as arrays, then polled (one squeue and one sacct per 1,000 arrays) until none is in
+    flight. Runs already submitted by this sweep, say by an interrupted earlier search, are
+    waited for, never submitted again."""
+
+    def __init__(self, tracker: Tracker, *, max_running: int | None = None, poll_s: float = 30.0,
+                 on_poll: Callable[[Observation], None] | None = None) -> None:
+        self.tracker, self.max_running, self.poll_s = tracker, max_running, poll_s
+        self.on_poll = on_poll
+        self._observed: dict[str, RunState] | None = None
+
+    def finished(self, run_dir: Path) -> bool:
+        """Whether the run has a verdict: submitted before, and no longer in flight."""
+        if self._observed is None:
+            self._observed = {s.run_id: s for s in self.tracker.observe().states}
+        state = self._observed.get(run_dir.name)
+        return state is not None and not state.in_flight and state.state != NEVER_SUBMITTED
+
+    def __call__(self, run_dirs: Sequence[Path]) -> None:
+        wanted = {d.name for d in run_dirs}
+        if wanted:
+            with self.tracker.lock():
+                seen = latest_tasks(self.tracker.reconcile(write=True))
+                submit_runs(self.tracker, [r for r in sorted(wanted) if r not in seen],
+                            max_running=self.max_running)
+            while True:
+                observation = self.tracker.observe()
+                if self.on_poll is not None:
+                    self.on_poll(observation)
+                if not any(s.in_flight for s in observation.states if s.run_id in wanted):
+                    break
+                time.sleep(self.poll_s)
+        self._observed = None

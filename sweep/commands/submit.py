@@ -4,6 +4,10 @@ SPEC is planned and rendered first, exactly as `sweep render` does; DIR is a swe
 already rendered. Runs of one resource shape go into one array (split at MaxArraySize, capped
 by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
 submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
+
+With `--strategy pruned|adaptive` the search of sweep.economy picks the runs: submit stays in the
+foreground, submits a round, waits for it (polling as `sweep status` does), collects, and picks
+the next; interrupted and started again, it waits for what is in flight and goes on.
 """
 
 from __future__ import annotations
@@ -11,14 +15,24 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweep.cli import UserError
+from sweep.economy import STRATEGIES
+
+if TYPE_CHECKING:
+    from sweep.tracker import Tracker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", type=Path, help="a sweep spec (YAML) or a rendered sweep folder")
     parser.add_argument("--out", type=Path,
                         help="with SPEC: the sweep folder (default results/<name>)")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
+                        help="which runs to submit (default %(default)s: every kept run at "
+                             "once); pruned and adaptive submit round by round and wait")
+    parser.add_argument("--poll-s", type=float, default=30.0,
+                        help="with a strategy: seconds between polls of a round (default 30)")
     add_submit_options(parser)
 
 
@@ -77,8 +91,15 @@ def run(args: argparse.Namespace) -> int:
     from sweep.tracker import Tracker, submit_runs
 
     started = time.perf_counter()
+    if args.strategy != "exhaustive" and (args.dry_run or args.hold):
+        raise UserError(f"--strategy {args.strategy} waits for each round's results: it cannot "
+                        "be combined with --dry-run or --hold")
+    if args.poll_s <= 0:
+        raise UserError(f"--poll-s: must be positive, got {args.poll_s}")
     folder = sweep_folder(args.target, args.out)
     tracker = Tracker(folder)
+    if args.strategy != "exhaustive":
+        return _search(folder, tracker, args)
     try:
         with tracker.lock():
             subs = tracker.reconcile(write=not args.dry_run)
@@ -96,4 +117,40 @@ def run(args: argparse.Namespace) -> int:
           f"array(s)" + (f" ({tasks} tasks)" if not args.dry_run else "")
           + (f"; {skipped} run(s) submitted before (see `sweep status`)" if skipped else "")
           + f" in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _search(folder: Path, tracker: Tracker, args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sweep.calibrate import workloads_for
+    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.live_search import search_sweep, write_search
+    from sweep.slurm import SlurmError
+    from sweep.spec import load_spec
+    from sweep.submission import counts_by
+    from sweep.tracker import Observation, SlurmRounds
+
+    if not (folder / PLAN_FILE).is_file() or not (folder / SPEC_COPY).is_file():
+        raise UserError(f"{folder}: --strategy needs the sweep's {PLAN_FILE} and {SPEC_COPY}; "
+                        "submit the spec file, or run `sweep plan` and `sweep render` first")
+    spec = load_spec(folder / SPEC_COPY)
+    plan = pd.read_parquet(folder / PLAN_FILE)
+
+    def report(observation: Observation) -> None:
+        counts = counts_by(observation.states)
+        print(time.strftime("%H:%M:%S"), ", ".join(f"{n} {state}" for state, n in
+                                                   sorted(counts.items())), flush=True)
+
+    rounds = SlurmRounds(tracker, max_running=args.max_running, poll_s=args.poll_s,
+                         on_poll=report)
+    try:
+        search = search_sweep(folder, plan, args.strategy, workloads_for(spec), rounds,
+                              rounds.finished)
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    write_search(folder, search)
+    print(f"{args.strategy}: launched {search.launched} of {len(search.candidates)} run(s) in "
+          f"{search.result.rounds} round(s), saved {search.saved}; per-cell progress in "
+          f"{folder / 'search_progress.csv'}")
     return 0

@@ -177,3 +177,35 @@ def test_a_crash_between_sbatch_and_the_ledger_is_reconciled_from_the_job_commen
     assert settled[0].job_id == job_id  # found by its comment, not submitted again
     assert sorted(submitted_runs(root, sweep_name)) == ["r0000", "r0001", "r0002", "r0003"]
     assert main(["cancel", str(root)]) == 0
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_search_strategy_submits_round_by_round_and_records_every_runs_fate(
+        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    from sweep.live_search import SEARCH_PROGRESS_FILE, SEARCH_RUNS_FILE
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.format(name=sweep_name))
+    out = tmp_path / "sweep"
+    assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned",
+                 "--poll-s", "1"]) == 0
+    assert "pruned: launched 2 of 2 run(s) in 1 round(s)" in capsys.readouterr().out
+    fates = pd.read_csv(out / SEARCH_RUNS_FILE)
+    assert list(fates["fate"]) == ["launched", "launched"]
+    assert list(fates["status"]) == ["completed", "completed"]
+    assert (out / SEARCH_PROGRESS_FILE).is_file()
+    observation = Tracker(out).observe()
+    assert [s.state for s in observation.states] == ["completed", "completed"]
+    # Started again, the search finds every run decided and submits nothing.
+    assert main(["submit", str(out), "--strategy", "pruned", "--poll-s", "1"]) == 0
+    assert [s.attempt for s in Tracker(out).observe().states] == [1, 1]
+
+
+def test_a_strategy_cannot_be_dry_or_held(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["submit", str(tmp_path), "--strategy", "adaptive", "--hold"]) == 2
+    assert "--strategy adaptive waits" in capsys.readouterr().err
