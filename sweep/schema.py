@@ -115,7 +115,7 @@ _STEADY = _cols(
     ("steady_state_policy", "string", "", "which steps were averaged, in words"),
     ("metrics_source", "string", "", "summary (the trainer's own summary record), steps "
      "(recomputed from step records), log:<parser>@<format version>, or published"),
-    ("ended_by", "string", "", "step_budget or steady_state (builtin workload)"),
+    ("ended_by", "string", "", "step_budget or steady_state (run.early_stop: the workload, or the watchdog for other frameworks)"),
     ("final_loss", "float64", "", "last loss"),
     ("tokens_per_sec", "float64", "tokens/s", "global throughput over the steady-state steps"),
     ("tokens_per_sec_per_gpu", "float64", "tokens/s/GPU", "tokens_per_sec / world_size"),
