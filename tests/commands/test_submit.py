@@ -55,13 +55,19 @@ def sweep_name(request: pytest.FixtureRequest) -> Iterator[str]:
     cancel_sweep(name)
 
 
+@pytest.fixture
+def spec(sweep_name: str, tmp_path: Path) -> Path:
+    """SPEC, named after the test, in a file (the sweep folder goes to tmp_path / "sweep")."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.format(name=sweep_name))
+    return path
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_builtin_sweep_of_two_node_runs_completes_and_collects(
-        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
+        slurm_cluster: None, job_path: None, spec: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(name=sweep_name))
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--dry-run"]) == 0
     dry = capsys.readouterr().out
@@ -182,14 +188,12 @@ def test_a_crash_between_sbatch_and_the_ledger_is_reconciled_from_the_job_commen
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_search_strategy_submits_round_by_round_and_records_every_runs_fate(
-        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
+        slurm_cluster: None, job_path: None, spec: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
 
     from sweep.live_search import SEARCH_PROGRESS_FILE, SEARCH_RUNS_FILE
 
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(name=sweep_name))
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned",
                  "--poll-s", "1"]) == 0
