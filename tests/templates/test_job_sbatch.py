@@ -119,26 +119,13 @@ def test_outside_slurm_the_script_says_how_to_run_it(job: tuple[Path, dict[str, 
     assert not list((run_dir / "attempts").iterdir())
 
 
-def _cluster_up() -> bool:
-    import shutil
-
-    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_same_script_runs_a_two_node_job_under_real_slurm(tmp_path: Path,
-                                                              repo_root: Path) -> None:
+def test_the_same_script_runs_a_two_node_job_under_real_slurm(
+        slurm_cluster: None, tmp_path: Path, repo_root: Path) -> None:
     """sbatch on the local cluster (scripts/local-slurm.sh start): real srun, two nodes, two
     watchdogs, torchrun rendezvous at the first node, the built-in workload. --mem on the command
     line only because the local cluster gives 1 GiB per CPU by default."""
-    if not _cluster_up():
-        pytest.skip("no local Slurm cluster (scripts/local-slurm.sh start)")
     from sweep import space
     from sweep.spec import load_spec
 

@@ -93,22 +93,12 @@ def test_shellcheck_would_catch_an_unquoted_expansion(tmp_path: Path) -> None:
     assert subprocess.run(["shellcheck", str(bad)], capture_output=True).returncode != 0
 
 
-def _cluster_up() -> bool:
-    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
 @pytest.mark.slurm
-def test_sbatch_accepts_the_job_scripts(repo_root: Path, tmp_path: Path) -> None:
+def test_sbatch_accepts_the_job_scripts(slurm_cluster: None, repo_root: Path,
+                                        tmp_path: Path) -> None:
     """`sbatch --test-only` against the local cluster (scripts/local-slurm.sh start): the demo's
     scripts as they are; the playbook's with one override, --gpus-per-node=0, because the local
     cluster has no GPUs (an honest stand-in for a GPU partition), for the runs on <= 2 nodes."""
-    if not _cluster_up():
-        pytest.skip("no local Slurm cluster (scripts/local-slurm.sh start)")
     demo = load_spec(repo_root / "examples" / "local-cpu.yaml")
     demo_dirs = render.render_runs(demo, space.plan(demo), tmp_path / "demo")
     playbook = load_spec(repo_root / "examples" / "playbook.yaml")
