@@ -20,6 +20,7 @@ is to run the very bash script a cluster runs, with Slurm's environment and sign
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import random
 import re
@@ -44,6 +45,8 @@ from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, new_attem
                          read_json)
 
 ACCOUNTING_FILE = "local_sacct.json"
+JOB_RECORD_FILE = "local_job.json"  # the batch shell of a running job: pid and start time
+RUNNER_LOCK_FILE = ".run.lock"
 JOB_FILE = "job.sbatch"
 DEFAULT_KILL_WAIT_S = 5.0
 _SHIMS = {"srun": "sweep.shims.srun", "scontrol": "sweep.shims.scontrol"}
@@ -238,6 +241,9 @@ class LocalBackend:
             ["bash", str(script)], cwd=job.run_dir, stdin=subprocess.DEVNULL,
             stdout=job.files[0], stderr=job.files[1], start_new_session=True,
             env=self._environment(job, name, shims))
+        atomic_write_json(job.attempt_dir / JOB_RECORD_FILE, {
+            "pid": job.process.pid, "create_time": psutil.Process(job.process.pid).create_time(),
+            "job_id": job.job_id, "runner_pid": os.getpid()})
         if self.on_start:
             self.on_start(job.run_dir, job.job_id)
 
@@ -405,3 +411,60 @@ def run_local(run_dirs: Sequence[str | Path], *, slots: int | None = None,
               **options: Any) -> list[LocalResult]:
     """Run these rendered runs on this machine; see LocalBackend."""
     return LocalBackend(slots, **options).run(run_dirs)
+
+
+@contextlib.contextmanager
+def runner_lock(sweep_dir: str | Path) -> Iterator[None]:
+    """One local runner per sweep folder: two would run the same runs at once. Raises
+    BlockingIOError naming the holder's pid when another runner has it."""
+    path = Path(sweep_dir) / RUNNER_LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise BlockingIOError(f"pid {handle.read().strip() or '?'}") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+
+
+def reap_orphans(run_dirs: Iterable[str | Path], kill_wait_s: float = DEFAULT_KILL_WAIT_S
+                 ) -> list[Path]:
+    """End jobs that a killed runner left running (their batch shells live on in sessions of
+    their own): TERM to each job's process group, as scancel would, KILL after `kill_wait_s`.
+    Their watchdogs stop their trees and record the attempt `cancelled`, so the runner that calls
+    this (holding `runner_lock`) runs them again. Returns their attempt folders."""
+    orphans: list[tuple[Path, psutil.Process]] = []
+    for run_dir in run_dirs:
+        attempts = attempt_dirs(run_dir)
+        if not attempts or read_json(attempts[-1] / ACCOUNTING_FILE) is not None:
+            continue
+        record = read_json(attempts[-1] / JOB_RECORD_FILE) or {}
+        try:
+            shell = psutil.Process(int(record["pid"]))
+            if shell.create_time() != record["create_time"]:
+                continue  # the pid was reused: that job is long gone
+        except (KeyError, TypeError, ValueError, psutil.Error):
+            continue
+        orphans.append((attempts[-1], shell))
+        _signal_group(shell.pid, signal.SIGTERM)
+    deadline = time.monotonic() + kill_wait_s
+    for _, shell in orphans:
+        try:
+            shell.wait(max(0.0, deadline - time.monotonic()))
+        except psutil.TimeoutExpired:
+            _signal_group(shell.pid, signal.SIGKILL)
+        except psutil.Error:
+            pass
+    return [attempt for attempt, _ in orphans]
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

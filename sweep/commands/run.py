@@ -24,7 +24,7 @@ from sweep.cli import UserError
 from sweep.commands.render import Rendered, render_sweep
 from sweep.economy import STRATEGIES, Params
 from sweep.live_search import Executor, LiveSearch, search_sweep, write_search
-from sweep.local import LocalBackend, LocalResult, finished
+from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.runconfig import load as load_run
 
 
@@ -96,7 +96,23 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     console = Console()
     rendered = render_sweep(args.spec, args.out)
+    try:
+        with runner_lock(rendered.out):
+            _run_locked(rendered, args, console)
+    except BlockingIOError as holder:
+        raise UserError(f"{rendered.out}: another `sweep run` ({holder}) is running this sweep; "
+                        "wait for it, or stop it (Ctrl-C) and run again") from None
+    console.print(f"done in {time.perf_counter() - started:.0f} s", highlight=False)
+    return 0
+
+
+def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) -> None:
+    """Everything after rendering, while this process holds the sweep's runner lock."""
     out, run_dirs = rendered.out, rendered.run_dirs
+    reaped = reap_orphans(run_dirs)
+    if reaped:
+        console.print(f"ended {len(reaped)} job(s) that an interrupted `sweep run` left running; "
+                      "they run again", highlight=False)
     pending = [d for d in run_dirs if not finished(d)]
     console.print(f"{rendered.spec.name}: {len(run_dirs)} run(s) rendered from "
                   f"{rendered.plan_source}, {len(run_dirs) - len(pending)} already have a "
@@ -136,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
                       f"  heatmap: {report.out_dir / 'heatmap_best.png'}\n"
                       f"  best configurations: {report.out_dir / 'best_configs.md'} "
                       f"(also .csv, .tex)", highlight=False, soft_wrap=True)
-    console.print(f"done in {time.perf_counter() - started:.0f} s", highlight=False)
-    return 0
 
 
 def _search(rendered: Rendered, strategy: str, execute: Executor) -> LiveSearch:

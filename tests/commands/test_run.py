@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import yaml
 
@@ -29,6 +30,17 @@ BEST_COLUMNS = ["model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc
 
 def attempts_by_run(sweep_dir: Path) -> dict[str, int]:
     return {d.name: len(attempt_dirs(d)) for d in sorted((sweep_dir / "runs").iterdir())}
+
+
+def alive_job(attempt: Path) -> bool:
+    """Whether the batch shell the local backend recorded for this attempt still runs."""
+    record = read_json(attempt / "local_job.json")
+    if not record or (attempt / "local_sacct.json").exists():
+        return False
+    try:
+        return psutil.Process(record["pid"]).create_time() == record["create_time"]
+    except psutil.Error:
+        return False
 
 
 def outcome(run_dir: Path) -> str | None:
@@ -115,8 +127,11 @@ def test_adaptive_finds_the_exhaustive_best_of_every_cell(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
 def test_an_interrupted_sweep_finishes_the_rest_without_redoing_completed_runs(
-        tmp_path: Path) -> None:
+        kill: signal.Signals, tmp_path: Path) -> None:
+    """TERM (kill, Ctrl-C) cancels the jobs on the way out; KILL leaves them running, and the
+    next `sweep run` ends them (as scancel would) before it runs what has no verdict."""
     spec = yaml.safe_load(DEMO.read_text())
     spec.update(name="interrupted", models=["tiny-4l"], nodes=[1], overrides=[])
     spec_path = tmp_path / "spec.yaml"
@@ -133,18 +148,37 @@ def test_an_interrupted_sweep_finishes_the_rest_without_redoing_completed_runs(
             break
         time.sleep(0.5)
     assert first.poll() is None, first.communicate()[0]
-    first.send_signal(signal.SIGTERM)  # as `kill` would; Ctrl-C takes the same path
+    first.send_signal(kill)
     log = first.communicate(timeout=60)[0]
     assert first.returncode != 0, log
     done = {d.name for d in (out / "runs").iterdir() if outcome(d) == "completed"}
     assert 1 <= len(done) < 3, log
-    leftovers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
-    assert leftovers.stdout.strip() == "", "processes of the cancelled jobs survived"
+    if kill == signal.SIGTERM:
+        leftovers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+        assert leftovers.stdout.strip() == "", "processes of the cancelled jobs survived"
 
-    subprocess.run(argv, cwd=REPO, check=True, capture_output=True, text=True, timeout=400)
+    orphaned = [d for d in (out / "runs").iterdir() if attempt_dirs(d)
+                and outcome(d) is None and alive_job(attempt_dirs(d)[-1])]
+    again = subprocess.run(argv, cwd=REPO, check=True, capture_output=True, text=True,
+                           timeout=400)
+    if orphaned:  # KILL left a job running: the second run ended it before going on
+        assert f"ended {len(orphaned)} job(s)" in again.stdout, again.stdout
     counts = attempts_by_run(out)
-    assert all(outcome(out / "runs" / name) == "completed" for name in counts)
+    assert all(outcome(out / "runs" / name) == "completed" for name in counts), again.stdout
     assert all(counts[name] == 1 for name in done), counts  # never redone
+    leftovers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True)
+    assert leftovers.stdout.strip() == "", "an orphaned job outlived the second run"
+
+
+def test_a_second_runner_on_the_same_sweep_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sweep.local import runner_lock
+
+    out = tmp_path / "sweep"
+    with runner_lock(out):
+        assert main(["run", str(DEMO), "--out", str(out), "--no-report"]) == 2
+    assert "another `sweep run`" in capsys.readouterr().err
+    assert not list((out / "runs").glob("*/attempts/*"))  # nothing ran
 
 
 def test_a_run_with_no_attempt_or_no_throughput_is_a_failure_to_the_search() -> None:
