@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
-    for warning in unmatched_overrides(spec, frame):
+    for warning in axes_beyond_constraints(spec) + unmatched_overrides(spec, frame):
         console.print(f"[yellow]warning:[/] {warning}")
     return 0
 
@@ -199,6 +199,23 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
                      f"{spec.constraints.memory_headroom:.0%}) → fits with "
                      f"{(budget - estimate.total_bytes) / 2**30:.2f} GiB to spare")
     return "\n".join(lines)
+
+
+def axes_beyond_constraints(spec: Spec) -> list[str]:
+    """Axis values a spec lists explicitly that its own constraints then prune (e.g. mbs 128
+    with the default max_mbs of 64): most likely a forgotten constraint."""
+    limits = (("mbs", "max_mbs", spec.constraints.max_mbs), ("tp", "max_tp", spec.max_tp),
+              ("pp", "max_pp", spec.constraints.max_pp))
+    warnings = []
+    for axis, constraint, limit in limits:
+        values = getattr(spec.axes, axis)
+        above = sorted(v for v in values if limit is not None and v > limit) \
+            if isinstance(values, list) else []
+        if above:
+            warnings.append(f"axes.{axis} lists {above}, above constraints.{constraint} "
+                            f"({limit}): rule {constraint} prunes them; raise "
+                            f"constraints.{constraint} to sweep them")
+    return warnings
 
 
 def unmatched_overrides(spec: Spec, frame: pd.DataFrame) -> list[str]:

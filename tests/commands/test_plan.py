@@ -181,3 +181,14 @@ def test_a_broken_coefficients_file_is_one_clear_error(
                  "--coefficients", str(bad)]) == 2
     assert "coefficients.json" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+def test_axis_values_that_the_specs_own_constraints_prune_are_warned_about(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path, SPEC.replace("mbs: [1, 2, 4]", "mbs: [1, 2, 128]"))
+    assert main(["plan", str(spec_path), "--out", str(tmp_path / "s")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "axes.mbs lists [128], above constraints.max_mbs (64)" in printed
+    spec_path = write_spec(tmp_path, SPEC.replace("mbs: [1, 2, 4]", "mbs: [1, 2, 4]\n  tp: [1, 2]"))
+    assert main(["plan", str(spec_path), "--out", str(tmp_path / "s2")]) == 0
+    assert "above constraints" not in capsys.readouterr().out
