@@ -72,7 +72,8 @@ from sweep.model import ModelShape, count_parameters
 
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
-                   "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead")
+                   "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead",
+                   "pipe_tp_sync")
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
@@ -100,6 +101,7 @@ class Coefficients:
     slot_sync: float = 2.0e-5         # a small collective over every node, per micro-batch
     optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
     step_overhead: float = 0.05
+    pipe_tp_sync: float = 1.0e-3      # 1 ms per layer pass and TP ring position, pipelines only
     # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
     inter_scaling: float = 0.0
 
@@ -323,22 +325,25 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
                   tp * cp * dp >= work.gpus_per_node)
     pp_comm = np.where(pp > 1, slots * 2 * p2p_bytes / pp_g.bandwidth, 0.0)
     pp_hops = pp_g.split(np.where(pp > 1, slots * 2, 0.0))
+    # Pipeline runs only: per layer pass, a cost that grows with the TP ring (tp − 1 positions);
+    # see the module docstring (`pipe_tp_sync`).
+    pipe_tp_sync = np.where(pp > 1, passes * (tp - 1.0), 0.0)
 
     # Latency: ring hops of every collective; inter-node hops slow down with scale like bandwidth.
     nodes = np.maximum(1.0, world_size(frame) / work.gpus_per_node)
     congestion = nodes ** gamma
-    latency = per_layer * (tp_hops[0] + cp_hops[0] + ep_hops[0]) + pp_hops[0] * tp
+    latency = per_layer * (tp_hops[0] + cp_hops[0] + ep_hops[0]) + pp_hops[0]
     latency_inter = per_layer * (tp_hops[1] + cp_hops[1] + ep_hops[1]) * congestion
     optimizer = np.where(zero >= 1, shard / replicas, shard)
     columns = {
         "compute": compute, "layer_passes": passes, "layer_comm": layer_comm,
         "layer_comm_inter": layer_comm_inter, "dp_comm": dp_intra, "dp_comm_inter": dp_inter,
         "pp_comm": pp_comm, "latency": latency, "latency_inter": latency_inter,
-        "p2p_inter": pp_hops[1] * tp * congestion,
+        "p2p_inter": pp_hops[1] * congestion,
         "dp_latency": dp_steps * np.where(dp_g.inter, congestion, 1.0),
         "dp_exposed": dp_exposed,
         "slot_sync": slots * (nodes - 1.0),
-        "optimizer": optimizer, "step_overhead": one,
+        "optimizer": optimizer, "step_overhead": one, "pipe_tp_sync": pipe_tp_sync,
     }
     return pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in columns.items()},
                         index=frame.index)
