@@ -24,10 +24,6 @@ from sweep.throughput import (FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workloa
 
 MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
-# Coefficients `fit` keeps at their physical prior unless told otherwise: dp_exposed is DP time
-# that nothing hides, θ = 1 by construction (a free fit drove it to 4 by soaking up the pipeline
-# runs' per-layer TP cost, now `pipe_tp_sync`; pinning it costs 0.1 point of median error).
-FIXED: tuple[str, ...] = ("dp_exposed",)
 
 
 @dataclass(frozen=True)
@@ -89,7 +85,7 @@ def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: 
 
 
 def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s_per_gpu",
-        prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = FIXED,
+        prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = (),
         inter_scaling: tuple[float, ...] = INTER_SCALING_GRID) -> Fit:
     """Fit one set of coefficients to completed runs of several (model, hardware) groups.
 

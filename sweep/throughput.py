@@ -101,7 +101,7 @@ class Coefficients:
     slot_sync: float = 2.0e-5         # a small collective over every node, per micro-batch
     optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
     step_overhead: float = 0.05
-    pipe_tp_sync: float = 1.0e-3      # 1 ms per layer pass and TP ring position, pipelines only
+    pipe_tp_sync: float = 1.0e-3      # 1 ms per layer, micro-batch and TP ring position (pp > 1)
     # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
     inter_scaling: float = 0.0
 
@@ -325,9 +325,10 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
                   tp * cp * dp >= work.gpus_per_node)
     pp_comm = np.where(pp > 1, slots * 2 * p2p_bytes / pp_g.bandwidth, 0.0)
     pp_hops = pp_g.split(np.where(pp > 1, slots * 2, 0.0))
-    # Pipeline runs only: per layer pass, a cost that grows with the TP ring (tp − 1 positions);
-    # see the module docstring (`pipe_tp_sync`).
-    pipe_tp_sync = np.where(pp > 1, passes * (tp - 1.0), 0.0)
+    # Pipeline runs only: per micro-batch of the busiest stage, a cost for every layer after the
+    # first of a stage (of each virtual chunk), growing with the TP ring (tp − 1 positions); see
+    # the module docstring (`pipe_tp_sync`).
+    pipe_tp_sync = np.where(pp > 1, m * np.maximum(stage_layers - vpp, 0.0) * (tp - 1.0), 0.0)
 
     # Latency: ring hops of every collective; inter-node hops slow down with scale like bandwidth.
     nodes = np.maximum(1.0, world_size(frame) / work.gpus_per_node)
