@@ -94,6 +94,21 @@ def test_pipeline_messages_cross_nodes_only_when_a_stage_fills_a_node() -> None:
     assert f.loc[1, "p2p_inter"] > 0
 
 
+def test_pipeline_tp_sync_charges_every_layer_after_a_stages_first_per_tp_ring_position() -> None:
+    """Only pipeline runs with TP pay it, per micro-batch, (layers on the busiest stage − 1)·(tp − 1):
+    nothing without a pipeline, without TP, or with one layer per stage."""
+    f = features(rows({"pp": 1, "tp": 4, "grad_acc": 8}, {"pp": 2, "tp": 1, "grad_acc": 8},
+                      {"pp": 2, "tp": 4, "grad_acc": 8}, {"pp": 2, "tp": 8, "grad_acc": 8},
+                      {"pp": 2, "tp": 4, "grad_acc": 16}), WORK_8B)["pipe_tp_sync"]
+    one_layer_each = dataclasses.replace(WORK_8B, stage_split="even")  # 32 layers on 32 stages
+    assert features(rows({"pp": 32, "tp": 4, "grad_acc": 64}), one_layer_each)[
+        "pipe_tp_sync"].iloc[0] == 0
+    assert f.iloc[0] == 0 and f.iloc[1] == 0
+    assert f.iloc[3] == pytest.approx(f.iloc[2] * 7 / 3)  # tp − 1
+    assert f.iloc[4] == pytest.approx(2 * f.iloc[2])  # per micro-batch
+    assert f.iloc[2] == 8 * 17 * 3  # 8 micro-batches, 18 layers on the busiest stage, tp − 1 = 3
+
+
 def test_zero_shards_the_optimizer_update() -> None:
     f = features(rows({"dp": 8, "zero_stage": 0}, {"dp": 8, "zero_stage": 1}), WORK_1B)
     assert f.loc[0, "optimizer"] == pytest.approx(8 * f.loc[1, "optimizer"])
