@@ -4,7 +4,9 @@ The model is linear in its coefficients (`sweep.throughput`). The fit minimises 
 of the log error, so over- and under-prediction weigh the same and a few runs that a sick node
 slowed down tenfold do not pull every coefficient; coefficients stay positive. (Least squares
 on relative step time, tried first, left a median error of 46 % on the playbook's runs: it lets
-the heavy tail of slowed runs drag the fit; this loss gives 26 %.) The one non-linear
+the heavy tail of slowed runs drag the fit; this loss gave 26 %, 23 % since the model charges
+pipeline runs their per-layer TP cost, and 12.9 % without the pre-fix pipeline runs that
+nanotron's results table flags; `sweep.throughput` has the history.) The one non-linear
 coefficient, inter_scaling, is picked from a grid.
 
 Pure: no I/O.

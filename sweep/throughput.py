@@ -24,10 +24,11 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
 - ``pp_comm``      (m + pp − 1) · 2 point-to-point activation transfers. θ = exposed fraction.
 - ``latency``      latency steps on the critical path (n − 1 per per-layer TP collective: NCCL
                    runs all-gather/reduce-scatter as rings; 1 + log2 n for CP/EP; one
-                   per p2p message and TP rank) inside a node: θ = α, seconds per step.
+                   per p2p message) inside a node: θ = α, seconds per step.
                    ``latency_inter``: per-layer collectives across nodes, times the congestion
-                   factor. ``p2p_inter``: pipeline messages across nodes, one per TP rank (each
-                   rank of a stage sends its own shard), times the congestion factor.
+                   factor. ``p2p_inter``: pipeline messages across nodes, one per message (the TP
+                   ranks of a stage send their shards at once), times the congestion factor.
+                   (Was one per message and TP rank: that soaked up part of ``pipe_tp_sync``.)
 - ``dp_latency``   latency steps of the gradient buckets (25 MB each), overlapped like dp_comm.
 - ``dp_exposed``   the DP time nothing can hide: the gradient reduction beyond the backward pass
                    of the last micro-batch (2/3 of its compute), plus ZeRO's parameter
@@ -35,6 +36,39 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
 - ``slot_sync``    (m + pp − 1) · (nodes − 1): a per-micro-batch cost that grows with the job.
 - ``optimizer``    parameters updated per GPU (after ZeRO sharding): θ = seconds per parameter.
 - ``step_overhead`` 1: θ = fixed seconds per step.
+- ``pipe_tp_sync`` pipeline runs only: m · (layers on the busiest stage − 1) · (tp − 1), a fixed
+                   time per micro-batch for every layer after a stage's first, per TP ring
+                   position (with vpp, after each chunk's first). θ ≈ 2.4 ms. See below.
+
+The pipeline runs' TP cost (``pipe_tp_sync``). In the post-fix playbook pipeline runs, the
+residuals followed pp × mbs (pp = 2, mbs = 1 runs 1.5x slower than predicted; pp ≥ 8, mbs ≥ 8 up
+to 2.3x faster) and the fit drove dp_exposed to 4. The step time at fixed tokens, fitted against
+the micro-batch count m for each (model, dp, tp, pp), isolates a fixed cost per micro-batch; it
+is what the pattern is made of:
+
+- it grows with tp − 1 and vanishes at tp = 1 (1B, pp = 2: ~0, 60, 125, 210, 490 ms per
+  micro-batch at tp = 1, 2, 4, 8, 16; at pp = 1 only 17-30, 50, 62, 116, which the TP ring
+  latency already explains);
+- it grows with the layers on a stage, not with their width: per layer, 1B (h = 2048) and 8B
+  (h = 4096) agree within ~20 % (tp = 8: ~25 ms per layer and micro-batch at pp = 2 for both),
+  so it is not activation bytes (p2p or TP volume); and it all but vanishes when stages hold
+  one layer (8B at pp = 32, tp = 4, one or two layers a stage: ~11 ms per micro-batch in all,
+  compute included, where a per-layer form charges ~14 ms for this cost alone).
+
+So in a pipeline run each TP collective after a stage's first layer costs ~0.3 ms per ring hop
+(~2.4 ms per layer, micro-batch and tp − 1), some 7x the ring latency of the same collective
+without a pipeline. A likely cause is nanotron's blocking p2p (a metadata receive that the host
+waits on before each activation): the host cannot run ahead of the GPU, and the TP ranks enter
+each collective out of step; the data fix the form, not the cause. Tested and rejected against
+the same residuals (full table, in-sample median with the term added to the old model, 17.6 %
+without): a p2p latency per micro-batch slot, 17.4 % (17.0 % per TP rank); a fixed cost per
+layer pass in pipeline runs, 17.3 %; charging every layer pass (the first included) per tp − 1,
+12.8 % in-sample but 20.2 % held out for 1B; activation bytes (the cost does not grow with h);
+the bubble and the LM head's stage (already in ``compute``; the cost is absent on one-layer
+stages, which hold the head when pp is large). Gradient reduction overlapping the cool-down is
+not needed either: with ``pipe_tp_sync`` in, dp_exposed falls from 4.1 to 2.1 (pinning it at 1
+costs 0.1 point on the full table, but 15 points held out for 1B on the charts table, whose
+pre-fix pipeline runs it then absorbs, so it stays free).
 
 Bandwidth of a group: inside one node, the catalog's NVLink figure; across nodes, the per-GPU
 network link times the group's ranks on one node (hierarchical collectives use every rail), capped
@@ -44,9 +78,10 @@ same congestion factor, nodes^inter_scaling, multiplies inter-node latency. Rank
 
 Pure: no I/O. Coefficients are fitted by `sweep.calibrate`.
 
-Calibrated on the playbook's 1,013 completed 1B/8B runs (`sweep calibrate`), median |error| of
-tokens/s/GPU 25.6 % → 25.2 %, p90 202 % → 208 %; held out (fit on the other model) 1B 29.2 % →
-28.1 %, 8B 34.1 % → 32.7 %. Within the one post-fix pipeline campaign (430 runs, jobs
+Calibrated on the playbook's 1,013 completed 1B/8B runs (`sweep calibrate`, charts table),
+median |error| of tokens/s/GPU 25.6 % → 25.2 % (ring latency, 1F1B split) → 23.2 %
+(``pipe_tp_sync``), p90 202 % → 208 % → 137 %; held out (fit on the other model) 1B 29.2 % →
+28.1 % → 22.3 %, 8B 34.1 % → 32.7 % → 30.1 %. Within the one post-fix pipeline campaign (430 runs, jobs
 14097145-14099341) the in-sample median fell 16.1 % → 12.5 % (p90 44 % → 37 %), most of it from
 the ring latency of TP collectives (log2 n charged tp = 2 as much as tp = 8 per hop count). What
 limits the all-runs figure is not these terms: 265 of the 1,013 runs are pipeline runs made
@@ -54,8 +89,12 @@ before nanotron fixed its 1F1B engine (flagged `after_pp_fix = False` in nanotro
 not in the charts table) and ran 2-10x slower than the same layouts after the fix; another ~60
 ran on a degraded fabric (job batch 14113215-14113535: measured inter-node all-reduce 32 GB/s
 where the same node counts measured 90-200). Leaving out only the flagged pre-fix pipeline runs
-(`sweep calibrate playbook_bench_full_1B_8B.csv`): median 17.6 %, held out 19.7 % (1B) and
-24.1 % (8B).
+(`sweep calibrate playbook_bench_full_1B_8B.csv`, 761 runs): median 17.6 % → 12.9 % with
+``pipe_tp_sync`` (p90 97 % → 70 %), held out 19.7 % → 19.3 % (1B) and 24.1 % → 20.0 % (8B).
+What limits it now: pp ≥ 8 runs (median |error| ~30 %; those with mbs ≥ 4 run ~25 % slower than
+predicted), the degraded-fabric batch above, and, held out, the per-layer fixed cost
+(``layer_passes``), which the 8B runs alone barely see (its GEMMs are large) and the 1B runs
+need.
 """
 
 from __future__ import annotations

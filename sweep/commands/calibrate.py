@@ -7,7 +7,9 @@ the planner read them back. With more than one model, each model is also scored 
 others only (held out), so the printed error is not just the fit's own. Given nanotron's results
 table, the pipeline runs it flags as made before nanotron's 1F1B fix (`after_pp_fix = False`;
 2-10x slower than the same layouts after it) are left out and counted: on the playbook's 1B/8B
-table that takes the median error from 25.2 % (charts table, all 1,013 runs) to 17.6 % (761 runs).
+table that takes the median error from 23.2 % (charts table, all 1,013 runs) to 12.9 % (761 runs;
+held out per model 19.3 % for 1B, 20.0 % for 8B). (Before the throughput model charged pipeline
+runs their per-layer TP cost, `pipe_tp_sync`: 25.2 % and 17.6 %, held out 19.7 % and 24.1 %.)
 """
 
 from __future__ import annotations
