@@ -7,6 +7,8 @@ The outcome colours are fixed per class so that every figure of every sweep read
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -46,16 +48,44 @@ def paper_style() -> Iterator[None]:
 
 
 def save(fig: Figure, stem: Path) -> list[Path]:
-    """Write stem.png (300 dpi), stem.pdf and stem.svg; close the figure."""
+    """Write stem.png (300 dpi), stem.pdf and stem.svg; close the figure.
+
+    Drawing the three files is most of a report's time, and they are independent: where the
+    platform forks, the vector files are written by forked children while this process writes
+    the PNG. A failure in a child is raised here, with the file it could not write."""
     stem.parent.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for extension in FORMATS:
-        path = stem.with_suffix(f".{extension}")
-        metadata = {"Date": None} if extension in ("pdf", "svg") else {}  # reproducible bytes
-        fig.savefig(path, dpi=DPI, format=extension, metadata=metadata)
-        paths.append(path)
+    paths = [stem.with_suffix(f".{extension}") for extension in FORMATS]
+    children = [(_write_in_child(fig, path), path) for path in paths[1:]] if _CAN_FORK else []
+    for path in paths[:1] if children else paths:
+        _write(fig, path)
+    failed = [path for pid, path in children if os.waitpid(pid, 0)[1] != 0]
     plt.close(fig)
+    if failed:
+        raise RuntimeError(f"could not write {', '.join(map(str, failed))} (see the error above)")
     return paths
+
+
+_CAN_FORK = hasattr(os, "fork")
+
+
+def _write(fig: Figure, path: Path) -> None:
+    extension = path.suffix.lstrip(".")
+    metadata = {"Date": None} if extension in ("pdf", "svg") else {}  # reproducible bytes
+    fig.savefig(path, dpi=DPI, format=extension, metadata=metadata)
+
+
+def _write_in_child(fig: Figure, path: Path) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        _write(fig, path)
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported, then the child's exit status says it
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def text_colour(rgba: tuple[float, float, float, float]) -> str:
