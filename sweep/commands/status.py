@@ -12,8 +12,12 @@ import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sweep.cli import UserError
+
+if TYPE_CHECKING:
+    from sweep.tracker import Observation
 
 FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
           "lost")
@@ -28,14 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between polls with --watch (default 30)")
 
 
-def gpu_hours(observation: object) -> tuple[float, float]:
+def gpu_hours(observation: Observation) -> tuple[float, float]:
     """(used, remaining estimate). Used: elapsed x GPUs of every run's latest attempt. Remaining:
     each run still to finish (in flight, never submitted, or failed but resumable) at the median
     elapsed time of completed runs of its (model, nodes), else at its time limit."""
     from sweep.submission import NOT_RESUMED_BY_DEFAULT
-    from sweep.tracker import Observation
 
-    assert isinstance(observation, Observation)
     infos = observation.infos
     used = 0.0
     done: dict[tuple[str, int], list[float]] = {}
@@ -57,14 +59,12 @@ def gpu_hours(observation: object) -> tuple[float, float]:
     return used, remaining
 
 
-def render(observation: object, sweep_dir: Path, elapsed_s: float) -> Iterable[object]:
+def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Iterable[object]:
     """rich renderables for one poll."""
     from rich.table import Table
 
     from sweep.submission import counts_by
-    from sweep.tracker import Observation
 
-    assert isinstance(observation, Observation)
     states = observation.states
     counts = counts_by(states)
     summary = Table(title=f"{sweep_dir.name}: {len(states)} run(s)")

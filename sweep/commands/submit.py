@@ -21,7 +21,7 @@ from sweep.cli import UserError
 from sweep.economy import STRATEGIES
 
 if TYPE_CHECKING:
-    from sweep.tracker import Tracker
+    from sweep.tracker import SubmitReport, Tracker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,10 +69,7 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
     return rendered.out
 
 
-def print_report(report: object, dry_run: bool) -> None:
-    from sweep.tracker import SubmitReport
-
-    assert isinstance(report, SubmitReport)
+def print_report(report: SubmitReport, dry_run: bool) -> None:
     if dry_run:
         for line in report.commands:
             print(line)
