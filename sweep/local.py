@@ -40,7 +40,6 @@ import psutil
 
 import sweep
 from sweep.runconfig import load as load_run
-from sweep.spec import TIME_PATTERN
 from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, new_attempt_dir,
                          read_json)
 
@@ -69,15 +68,24 @@ def parse_directives(script: str) -> dict[str, str]:
     return options
 
 
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
 def slurm_seconds(text: str) -> int:
-    """Slurm's --time (minutes, [D-]HH:MM:SS) in seconds."""
-    match = TIME_PATTERN.match(text)
+    """Slurm's --time in seconds, in each of its forms: minutes, minutes:seconds,
+    hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds."""
+    match = _SLURM_TIME.match(text.strip())
     if match is None:
         raise ValueError(f"--time={text!r} is not a Slurm time")
-    if match.group(5):
-        return int(match.group(5)) * 60
-    days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    days, first, second, third = match.groups()
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = int(first), int(second or 0), int(third or 0)
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if second is None:
+        return int(first) * 60
+    if third is None:
+        return int(first) * 60 + int(second)
+    return (int(first) * 60 + int(second)) * 60 + int(third)
 
 
 def parse_signal(text: str) -> tuple[bool, int, int]:

@@ -93,18 +93,14 @@ class Observation:
 
 
 def time_seconds(text: str) -> int:
-    """Slurm's --time ([D-]HH:MM:SS, MM:SS or minutes) in seconds; 0 if unreadable."""
-    days, _, rest = text.partition("-") if "-" in text else ("0", "", text)
-    parts = [int(p) for p in rest.split(":") if p.isdigit()]
-    if not parts or not days.isdigit():
+    """Slurm's --time in seconds; 0 if unreadable (a hand-made script's odd value must not stop
+    `sweep status`)."""
+    from sweep.local import slurm_seconds
+
+    try:
+        return slurm_seconds(text)
+    except ValueError:
         return 0
-    if len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = parts[0] * 3600 + parts[1] * 60 + parts[2]
-    return int(days) * 86400 + seconds
 
 
 class Tracker:
