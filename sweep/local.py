@@ -20,7 +20,6 @@ is to run the very bash script a cluster runs, with Slurm's environment and sign
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import random
 import re
@@ -40,8 +39,8 @@ import psutil
 
 import sweep
 from sweep.runconfig import load as load_run
-from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, new_attempt_dir,
-                         read_json)
+from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, exclusive_lock,
+                         LockHeld, new_attempt_dir, read_json)
 
 ACCOUNTING_FILE = "local_sacct.json"
 JOB_RECORD_FILE = "local_job.json"  # the batch shell of a running job: pid and start time
@@ -423,21 +422,18 @@ def run_local(run_dirs: Sequence[str | Path], *, slots: int | None = None,
 
 @contextlib.contextmanager
 def runner_lock(sweep_dir: str | Path) -> Iterator[None]:
-    """One local runner per sweep folder: two would run the same runs at once. Raises
-    BlockingIOError naming the holder's pid when another runner has it."""
+    """One local runner per sweep folder: two would run the same runs at once. Raises LockHeld
+    naming the holder's pid when another runner has it."""
     path = Path(sweep_dir) / RUNNER_LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    try:
+        with exclusive_lock(path) as handle:
             handle.seek(0)
-            raise BlockingIOError(f"pid {handle.read().strip() or '?'}") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
-        yield
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+            yield
+    except LockHeld:
+        raise LockHeld(f"pid {path.read_text().strip() or '?'}") from None
 
 
 def reap_orphans(run_dirs: Iterable[str | Path], kill_wait_s: float = DEFAULT_KILL_WAIT_S

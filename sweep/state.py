@@ -7,12 +7,15 @@ reader sees the old content or the new one, never half of it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 RUN_FILE = "run.json"
 STATUS_FILE = "status.json"
@@ -111,3 +114,33 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class LockHeld(RuntimeError):
+    """Another process holds the lock."""
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | Path, wait_s: float = 0.0,
+                   on_wait: Callable[[], None] | None = None) -> Iterator[IO[str]]:
+    """Hold an exclusive flock on `path` (created if missing) for the block; yields the open
+    file, whose descriptor child processes may inherit to keep holding the lock. Waits up to
+    `wait_s` (calling `on_wait` once when it starts waiting), then raises LockHeld. The
+    kernel drops the lock when its holder dies, so a killed process never leaves a stale lock."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        deadline = time.monotonic() + wait_s
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise LockHeld(str(path)) from None
+                if not waiting and on_wait is not None:
+                    on_wait()
+                waiting = True
+                time.sleep(0.2)
+        yield handle

@@ -16,7 +16,6 @@ Files in the sweep folder:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
 import json
 import re
@@ -34,7 +33,8 @@ from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
-                         atomic_write_text, attempt_dirs, read_json, read_jsonl)
+                         LockHeld, atomic_write_text, attempt_dirs, exclusive_lock, read_json,
+                         read_jsonl)
 from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeFailure, RunJob,
                               RunState, SlurmView,
                               Submission, SubmissionError, TaskRef, array_option, bad_nodes,
@@ -186,29 +186,22 @@ class Tracker:
         """One submitter per sweep at a time (two would submit the same runs). Every Slurm
         command inherits the lock, so an sbatch that outlives a killed submitter keeps it until
         its job is in the queue: the next submitter then sees that job, never submits again."""
-        handle = open(self.dir / LOCK_FILE, "a+")
+
+        def tell() -> None:
+            print(f"waiting for another submitter of {self.dir.name} to finish …",
+                  file=sys.stderr)
+
         try:
-            deadline = time.monotonic() + wait_s
-            told = False
-            while True:
+            with exclusive_lock(self.dir / LOCK_FILE, wait_s, tell) as handle:
+                self.slurm.inherit_fds = (handle.fileno(),)
                 try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise UserError(f"{self.dir / LOCK_FILE}: another `sweep submit/resume/"
-                                        "cancel` (or its sbatch) still works on this sweep; "
-                                        "wait for it, then try again") from None
-                    if not told:
-                        print(f"waiting for another submitter of {self.dir.name} to finish …",
-                              file=sys.stderr)
-                        told = True
-                    time.sleep(0.2)
-            self.slurm.inherit_fds = (handle.fileno(),)
-            yield
-        finally:
-            self.slurm.inherit_fds = ()
-            handle.close()
+                    yield
+                finally:
+                    self.slurm.inherit_fds = ()
+        except LockHeld:
+            raise UserError(f"{self.dir / LOCK_FILE}: another `sweep submit/resume/cancel` (or "
+                            "its sbatch) still works on this sweep; wait for it, then try "
+                            "again") from None
 
     def reconcile(self, write: bool) -> list[Submission]:
         """The ledger's submissions with dangling intents settled from the jobs' comments

@@ -26,6 +26,7 @@ from sweep.economy import STRATEGIES, Params
 from sweep.live_search import Executor, LiveSearch, search_sweep, write_search
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.runconfig import load as load_run
+from sweep.state import LockHeld
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with runner_lock(rendered.out):
             _run_locked(rendered, args, console)
-    except BlockingIOError as holder:
+    except LockHeld as holder:
         raise UserError(f"{rendered.out}: another `sweep run` ({holder}) is running this sweep; "
                         "wait for it, or stop it (Ctrl-C) and run again") from None
     console.print(f"done in {time.perf_counter() - started:.0f} s", highlight=False)
