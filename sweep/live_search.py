@@ -48,6 +48,11 @@ class LiveSearch:
     def saved(self) -> int:
         return len(self.candidates) - self.launched
 
+    def summary(self, sweep_dir: Path) -> str:
+        return (f"{self.result.strategy}: launched {self.launched} of {len(self.candidates)} "
+                f"run(s) in {self.result.rounds} round(s), saved {self.saved}; per-cell progress "
+                f"in {sweep_dir / SEARCH_PROGRESS_FILE}")
+
 
 def candidates_of(plan: pd.DataFrame) -> pd.DataFrame:
     """The kept plan rows as search candidates, indexed 0..n-1 (economy indexes by position)."""
@@ -75,7 +80,8 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
                  workloads: Mapping[str, Workload], execute: Executor, finished: Finished,
                  params: economy.Params = economy.Params()) -> LiveSearch:
     """Run `strategy` over the sweep's kept runs: each round's runs go to `execute` (those not
-    `finished` yet), then the sweep is collected and the round's outcomes read back."""
+    `finished` yet), then the sweep is collected and the round's outcomes read back. What the
+    search did is written beside runs.parquet (`write_search`)."""
     candidates = candidates_of(plan)
     run_dir = {i: sweep_dir / "runs" / str(run_id) for i, run_id in candidates["run_id"].items()}
 
@@ -88,8 +94,9 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
         return answer.set_axis(ids)
 
     result = economy.search(candidates, oracle, strategy, workloads, params=params)
-    progress = economy.progress(result, candidates)
-    return LiveSearch(result, candidates, progress)
+    search = LiveSearch(result, candidates, economy.progress(result, candidates))
+    write_search(sweep_dir, search)
+    return search
 
 
 def write_search(sweep_dir: Path, search: LiveSearch) -> list[Path]:

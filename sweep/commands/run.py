@@ -22,8 +22,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 from sweep.calibrate import workloads_for
 from sweep.cli import UserError
 from sweep.commands.render import Rendered, render_sweep
-from sweep.economy import STRATEGIES, Params
-from sweep.live_search import Executor, LiveSearch, search_sweep, write_search
+from sweep.economy import STRATEGIES
+from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld
@@ -132,11 +132,10 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
             execute(pending)
             search = None
         else:
-            search = _search(rendered, args.strategy, execute)
+            search = search_sweep(out, rendered.plan, args.strategy,
+                                  workloads_for(rendered.spec), execute, finished)
     if search is not None:
-        console.print(f"{args.strategy}: launched {search.launched} of {len(search.candidates)} "
-                      f"run(s), saved {search.saved}; per-cell progress in "
-                      f"{out / 'search_progress.csv'}", highlight=False, soft_wrap=True)
+        console.print(search.summary(out), highlight=False, soft_wrap=True)
 
     from sweep.collect import update_runs
 
@@ -154,9 +153,3 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
                       f"  best configurations: {report.out_dir / 'best_configs.md'} "
                       f"(also .csv, .tex)", highlight=False, soft_wrap=True)
 
-
-def _search(rendered: Rendered, strategy: str, execute: Executor) -> LiveSearch:
-    search = search_sweep(rendered.out, rendered.plan, strategy, workloads_for(rendered.spec),
-                          execute, finished, Params())
-    write_search(rendered.out, search)
-    return search

@@ -122,7 +122,7 @@ def _search(folder: Path, tracker: Tracker, args: argparse.Namespace) -> int:
 
     from sweep.calibrate import workloads_for
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY
-    from sweep.live_search import search_sweep, write_search
+    from sweep.live_search import search_sweep
     from sweep.slurm import SlurmError
     from sweep.spec import load_spec
     from sweep.submission import counts_by
@@ -146,8 +146,5 @@ def _search(folder: Path, tracker: Tracker, args: argparse.Namespace) -> int:
                               rounds.finished)
     except SlurmError as error:
         raise UserError(str(error)) from None
-    write_search(folder, search)
-    print(f"{args.strategy}: launched {search.launched} of {len(search.candidates)} run(s) in "
-          f"{search.result.rounds} round(s), saved {search.saved}; per-cell progress in "
-          f"{folder / 'search_progress.csv'}")
+    print(search.summary(folder))
     return 0
