@@ -311,20 +311,21 @@ def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
     in plan order.
 
     `spec_dir` anchors a relative `templates_dir` (the spec file's folder); default: cwd.
-    Runs are independent, so a large plan is rendered by `workers` forked processes (default:
-    one per CPU, at most 8, and none below RUNS_PER_WORKER runs each), each taking a contiguous
-    slice of the plan.
+    Runs are independent, so a large plan from the planner (it carries run ids) is rendered by
+    `workers` forked processes (default: one per CPU, at most 8, and none below RUNS_PER_WORKER
+    runs each), each taking a contiguous slice of the plan.
     """
     out = Path(out_dir).resolve()
     if not _SAFE_PATH.match(str(out)):
         raise RenderError(f"--out: {out} has characters that #SBATCH lines cannot carry; "
                           "use a sweep folder whose path has only letters, digits and ._-/+=@,")
     rows = kept_rows(plan_df)
-    _refuse_duplicate_run_ids(rows)
     if workers is None:
         workers = min(os.cpu_count() or 1, MAX_RENDER_WORKERS, len(rows) // RUNS_PER_WORKER)
-    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
-        return _render_slice(spec, rows, out, spec_dir)
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods() \
+            or any(row.get("run_id") is None for row in rows):
+        return _render_slice(spec, rows, out, spec_dir)  # finds duplicates as it resolves
+    _refuse_duplicate_run_ids(rows)  # slices cannot see each other's runs
     size = -(-len(rows) // workers)
     slices = [rows[start:start + size] for start in range(0, len(rows), size)]
     context = multiprocessing.get_context("fork")  # the children inherit the resolved spec
@@ -335,17 +336,14 @@ def render_runs(spec: Spec, plan_df: Any, out_dir: str | Path, *,
 
 
 def _refuse_duplicate_run_ids(rows: list[dict[str, Any]]) -> None:
-    """Two plan rows of one run would race for its folder; the planner's run_id column (when
-    the plan has one) finds them before anything is written."""
-    seen: dict[Any, dict[str, Any]] = {}
+    """Two plan rows of one run would race for its folder; the planner's run_id column finds
+    them before anything is written."""
+    seen: set[Any] = set()
     for row in rows:
-        run_id = row.get("run_id")
-        if run_id is None:
-            continue
-        if run_id in seen:
-            raise RenderError(f"two plan rows resolve to the same run {run_id} (the second: "
-                              f"{row}); the plan has duplicate rows")
-        seen[run_id] = row
+        if row["run_id"] in seen:
+            raise RenderError(f"two plan rows resolve to the same run {row['run_id']} (the "
+                              f"second: {row}); the plan has duplicate rows")
+        seen.add(row["run_id"])
 
 
 def _render_slice(spec: Spec, rows: list[dict[str, Any]], out: Path,

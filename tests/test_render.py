@@ -242,8 +242,9 @@ def test_rendering_in_several_processes_writes_exactly_what_one_process_writes(
     assert files(tmp_path / "forked") == files(tmp_path / "serial")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
 def test_duplicate_plan_rows_are_refused_before_anything_is_written(
-        tmp_path: Path, repo_root: Path) -> None:
+        workers: int, tmp_path: Path, repo_root: Path) -> None:
     from sweep import space
     from sweep.spec import load_spec
 
@@ -252,5 +253,5 @@ def test_duplicate_plan_rows_are_refused_before_anything_is_written(
     kept = plan[plan.status == "kept"]
     doubled = pd.concat([kept, kept.head(1)])
     with pytest.raises(render.RenderError, match="duplicate rows"):
-        render.render_runs(spec, doubled, tmp_path / "out")
+        render.render_runs(spec, doubled, tmp_path / "out", workers=workers)
     assert not (tmp_path / "out" / "runs").exists()
