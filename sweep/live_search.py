@@ -105,13 +105,12 @@ def write_search(sweep_dir: Path, search: LiveSearch) -> list[Path]:
     progress_path = sweep_dir / SEARCH_PROGRESS_FILE
     search.progress.rename_axis("cell").to_csv(progress_path)
     ids = search.candidates["run_id"]
-    launched = search.result.launched.assign(
-        run_id=ids[search.result.launched.candidate].to_numpy(), fate="launched",
-        reason="")[["run_id", "model", "nodes", "fate", "round", "status", "reason"]]
-    skipped = search.result.skipped.assign(
-        run_id=ids[search.result.skipped.candidate].to_numpy(), fate="skipped",
-        round=np.nan, status="")[["run_id", "model", "nodes", "fate", "round", "status",
-                                  "reason"]]
+    fates = pd.concat([
+        search.result.launched.assign(fate="launched", reason=""),
+        search.result.skipped.assign(fate="skipped", round=np.nan, status=""),
+    ], ignore_index=True)
+    fates["run_id"] = ids[fates.candidate].to_numpy()
+    fates = fates[["run_id", "model", "nodes", "fate", "round", "status", "reason"]]
     runs_path = sweep_dir / SEARCH_RUNS_FILE
-    pd.concat([launched, skipped], ignore_index=True).to_csv(runs_path, index=False)
+    fates.to_csv(runs_path, index=False)
     return [progress_path, runs_path]
