@@ -121,10 +121,6 @@ def _best_predicted(frame: pd.DataFrame) -> pd.DataFrame:
     return kept.sort_values("pred_tokens_per_s_per_gpu", ascending=False, kind="stable")
 
 
-def _layout_label(row: pd.Series) -> str:
-    return space.layout_of(row).label()
-
-
 def _rate(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:,.0f}"
 
@@ -154,7 +150,7 @@ def summary_table(frame: pd.DataFrame) -> Table:
         if best is not None:
             top = best.loc[(model, nodes)] if (model, nodes) in best.index else None
             cells += ["–", "–", "–"] if top is None else [
-                _layout_label(top), _rate(top["pred_tokens_per_s_per_gpu"]),
+                space.layout_of(top).label(), _rate(top["pred_tokens_per_s_per_gpu"]),
                 _percent(top["pred_mfu"])]
         table.add_row(*cells)
     return table
@@ -170,7 +166,8 @@ def candidates_table(frame: pd.DataFrame) -> Table:
     ranked = _best_predicted(frame).sort_values(["model", "nodes"], kind="stable")
     for _, row in ranked.iterrows():
         memory_gib = row.get("mem_total_bytes", float("nan")) / 2**30
-        table.add_row(str(row["model"]), str(row["nodes"]), _layout_label(row), str(row["run_id"]),
+        table.add_row(str(row["model"]), str(row["nodes"]), space.layout_of(row).label(),
+                      str(row["run_id"]),
                       _rate(row["pred_tokens_per_s_per_gpu"]), _percent(row["pred_mfu"]),
                       f"{row['pred_step_time_s']:.3f} s",
                       "–" if pd.isna(memory_gib) else f"{memory_gib:.1f} GiB")

@@ -49,7 +49,6 @@ class RunProgress:
         self.console = console
         self.failed = 0
         self.running = 0
-        self.done = 0
         self._progress = Progress(
             TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(),
             TextColumn("running {task.fields[running]} · failed {task.fields[failed]}"),
@@ -75,7 +74,6 @@ class RunProgress:
 
     def finished(self, result: LocalResult) -> None:
         self.running -= 1
-        self.done += 1
         outcome = result.outcome or result.state.lower()
         self.failed += outcome != "completed"
         config = load_run(result.run_dir)
