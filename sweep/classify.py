@@ -403,16 +403,17 @@ RULES: tuple[Rule, ...] = (
     Rule("slurm_cancelled", "cancelled", "cancelled (scancel line, sacct CANCELLED, or SIGTERM/SIGINT received)",
          _cancelled),
     Rule("segfault", "crashed", "SIGSEGV (log line)", _from_log("segfault")),
-    Rule("python_exception", "crashed", "a rank raised: its exception line (the root-cause rank's, when torchrun "
-         "names it); exceptions that other rules name are left to them", _python_exception),
-    Rule("killed_by_sigkill", "crashed", "a rank was SIGKILLed (torchrun exitcode -9); not called oom without an "
-         "oom-kill record", _from_log("killed_by_sigkill")),
+    Rule("python_exception", "crashed", "a rank raised: its exception line (the root-cause rank's, when the "
+         "launcher names it); exceptions that other rules name are left to them", _python_exception),
+    Rule("killed_by_sigkill", "crashed", "a rank was SIGKILLed (the launcher's exitcode -9); not called oom without "
+         "an oom-kill record", _from_log("killed_by_sigkill")),
     Rule("nccl_error", "crashed", "NCCL error other than a timeout", _from_log("nccl_error")),
     Rule("cuda_error", "crashed", "other CUDA errors (unknown error, launch failure, ...)", _from_log("cuda_error")),
     Rule("aborted", "crashed", "SIGABRT (usually after a C++ exception)", _from_log("aborted")),
     Rule("peer_failure", "crashed", "a peer went away (gloo/socket): a symptom, used when nothing better shows",
          _from_log("peer_failure")),
-    Rule("child_failed", "crashed", "torchrun ChildFailedError without a readable cause", _from_log("child_failed")),
+    Rule("child_failed", "crashed", "the launcher reports a failed rank (torchrun's ChildFailedError or Root "
+         "Cause) without a readable cause", _from_log("child_failed")),
     Rule("signal_exit", "crashed", "a launcher was killed by SIGKILL/SIGABRT/SIGSEGV (exit code -N or 128+N)",
          _signal_exit),
     Rule("nonzero_exit", "crashed", "a node's launcher exited non-zero", _nonzero_exit),

@@ -119,7 +119,7 @@ def test_user_templates_override_the_packaged_ones_file_by_file(tmp_path: Path) 
     spec = parse_spec(SPEC + "templates_dir: mytemplates\n")
     [run_dir] = render.render_runs(spec, plan(row()), tmp_path / "out", spec_dir=tmp_path)
     assert (run_dir / "job.sbatch").read_text() == f"#!/bin/bash\n# mine {run_dir.name} 4\n"
-    assert "torch.distributed.run" in (run_dir / "launch" / "builtin.sh").read_text()
+    assert "-m sweep.workload --run-dir" in (run_dir / "launch" / "builtin.sh").read_text()
 
 
 def test_a_missing_templates_dir_is_named(tmp_path: Path) -> None:

@@ -39,6 +39,23 @@ LR = 3e-3
 WEIGHT_DECAY = 0.1
 
 
+def lazy_imports(layout: Layout) -> list[str]:
+    """The modules building `layout` imports where they are used, for a launcher that imports
+    them once before it forks the ranks (sweep.workload.launch)."""
+    modules = ["torch._dynamo"]  # the optimizer's first call imports it (torch._disable_dynamo)
+    if layout.tp > 1:
+        modules += ["torch.distributed.tensor", "torch.distributed.tensor.parallel"]
+    if layout.recompute != "none":
+        modules += ["torch.utils.checkpoint", "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"]
+    if layout.zero_stage in (2, 3):
+        modules.append("torch.distributed.fsdp")
+    elif layout.zero_stage == 1:
+        modules.append("torch.distributed.optim")
+    if layout.pp > 1:
+        modules.append("sweep.workload.pipeline")
+    return modules
+
+
 @dataclass(frozen=True)
 class Mesh:
     """This rank's view of the (pp, dp, cp, tp) mesh."""

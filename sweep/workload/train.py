@@ -84,7 +84,8 @@ def config_problems(cfg: RunConfig, world_size: int) -> list[str]:
     problems = []
     if layout.world_size != world_size:
         problems.append(f"layout: needs {layout.world_size} ranks ({layout.label()}) but WORLD_SIZE is "
-                        f"{world_size}; launch with torchrun --nproc-per-node {layout.world_size}")
+                        f"{world_size}; launch it with --nproc-per-node {layout.world_size} "
+                        f"(or torchrun --nproc-per-node {layout.world_size})")
     if layout.ep != 1:
         problems.append(f"layout.ep: {layout.ep}; the built-in workload has no expert parallelism (use 1)")
     if cfg.global_batch_sequences != layout.sequences_per_step:

@@ -53,3 +53,8 @@ def launch(run_dir: Path, nproc: int, *extra: str, timeout: float = 180,
                "-m", "sweep.workload", "--run-dir", str(run_dir), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=workload_env(**(env or {})),
                           cwd=REPO)
+
+
+def forked_launch_cmd(run_dir: Path, nproc: int, *extra: str) -> list[str]:
+    """The built-in launcher (sweep.workload.launch), as launch/builtin.sh runs it on one node."""
+    return [sys.executable, "-m", "sweep.workload", "--run-dir", str(run_dir), f"--nproc-per-node={nproc}", *extra]

@@ -67,7 +67,7 @@ def test_a_layout_for_more_ranks_than_launched_names_the_fix(tmp_path: Path) -> 
     run_dir = write_run_dir(tmp_path, run_config(tp=2))
     proc = launch(run_dir, 0)
     assert proc.returncode == 2
-    assert "WORLD_SIZE is 1; launch with torchrun --nproc-per-node 2" in proc.stderr
+    assert "WORLD_SIZE is 1; launch it with --nproc-per-node 2 (or torchrun --nproc-per-node 2)" in proc.stderr
 
 
 def test_the_rank_memory_limit_ends_the_run_with_a_recognisable_oom(tmp_path: Path) -> None:
