@@ -51,6 +51,10 @@ def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
                              capture_output=True, text=True).stdout.split()
         state = out[0] if out else ""
         if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            # slurmctld records TIMEOUT when it decides, before the step's TERM reaches the
+            # watchdog; the watchdog's status.json follows within Slurm's KillWait
+            while not (run.attempt / "status.json").exists() and time.monotonic() < deadline + 30:
+                time.sleep(0.2)
             return state
         time.sleep(1)
     subprocess.run(["scancel", job_id])

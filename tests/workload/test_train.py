@@ -15,7 +15,7 @@ def test_a_runnable_config_has_no_problems() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "world", "message"), [
-    ({"tp": 2}, 1, "WORLD_SIZE is 1; launch with torchrun --nproc-per-node 2"),
+    ({"tp": 2}, 1, "WORLD_SIZE is 1; launch it with --nproc-per-node 2"),
     ({"dp": 1, "ep": 2, "mbs": 2}, 2, "layout.ep"),
     ({"tp": 3, "global_batch": 4}, 3, "layout.tp: 3 must divide num_kv_heads"),
     ({"sp": True}, 1, "layout.sp: sequence parallelism needs tp > 1"),
