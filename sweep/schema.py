@@ -140,7 +140,7 @@ _MEMORY = _cols(
     ("mem_allocated_bytes", "float64", "bytes", "measured peak allocated (max over ranks; imports: rank 0)"),
     ("mem_reserved_bytes", "float64", "bytes", "measured peak reserved by the allocator (imports: "
      "the published GB, which are GiB, × 2^30)"),
-    ("mem_source", "string", "", "cuda, cpu-rss, log (the framework's memory lines) or cuda:rank0 (imports)"),
+    ("mem_source", "string", "", "cuda, cpu-rss-anon, log (the framework's memory lines) or cuda:rank0 (imports)"),
     ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
      "(plan column mem_allocated_bytes, via run.json `predicted`)"),
     ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "

@@ -76,17 +76,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _launch(args: argparse.Namespace, cfg: RunConfig) -> int:
-    from sweep.workload.launch import Rendezvous, launch, parse_master, preload
+    from sweep.workload.launch import Rendezvous, launch, parse_master
 
     try:
         host, port = parse_master(args.master, args.nnodes)
         rdzv = Rendezvous(args.nnodes, args.node_rank, args.nproc_per_node, host, port)
     except ValueError as error:
         raise _Unrunnable(str(error)) from None
-    if cfg.gpu.lower() == "cpu":  # see sweep.workload.launch: never before CUDA
-        from sweep.workload.parallel import lazy_imports
+    if cfg.gpu.lower() == "cpu":  # preload, so that the forked ranks start with it; never before CUDA
+        import sweep.workload.train  # noqa: F401 - torch and the workload
+        from sweep.workload.parallel import import_layout_modules
 
-        preload(["sweep.workload.train", *lazy_imports(cfg.layout)])
+        import_layout_modules(cfg.layout)
     return launch(rdzv, lambda: guarded(lambda: run_rank(args, cfg, time.time())), grace_s=args.grace_s)
 
 

@@ -23,14 +23,13 @@ or 128 + the signal that killed it.
 from __future__ import annotations
 
 import ctypes
-import importlib
 import os
 import select
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 LAUNCHED_AT_ENV = "SWEEP_LAUNCHED_AT"  # unix time the launcher started, for the ranks' start-up figure
@@ -87,12 +86,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-def preload(modules: Iterable[str]) -> None:
-    """Import before forking, so that every rank starts with the modules loaded."""
-    for name in modules:
-        importlib.import_module(name)
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """Per-rank memory: what a step used, a per-rank cap, and the tensor-level tracker.
 
 - CUDA: `max_memory_allocated` / `max_memory_reserved` since start-up.
-- CPU: RSS growth over the baseline taken after the process group came up (torch and gloo
-  already loaded). "allocated" is the current RSS growth at the end of the step, "reserved" the
-  peak RSS growth (`ru_maxrss`). RSS includes allocator slack and library pages, so compare it
-  only between runs of the same configuration (../shared/notes/torch-cpu.md §8).
+- CPU: growth of the anonymous RSS (heap and tensors, /proc/self/status RssAnon) over the
+  baseline taken after the process group came up and the layout's modules were imported.
+  "allocated" is the growth at the end of the step; "reserved" the peak growth, from the peak
+  RSS (VmHWM, reset at the baseline) less the library pages mapped since (RssFile growth).
+  Library pages are left out because how many of them a rank faults in after its baseline
+  depends on how it was started (a forked rank inherits none, an exec'd one touched many while
+  importing), not on the configuration. Anonymous RSS still includes allocator slack, so compare
+  it only between runs of the same configuration (../shared/notes/torch-cpu.md §8).
 - The cap (`settings.rank_memory_limit_mb`) bounds the growth of the address space over the same
   baseline with RLIMIT_AS on CPU, and the CUDA caching allocator's share on GPU. Exceeding it
   raises the allocator's own error; `oom_message` recognises it.
@@ -36,20 +40,22 @@ class MemoryProbe:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.source = "cuda" if device.type == "cuda" else "cpu-rss"
-        self._process = psutil.Process()
-        self.baseline_rss = self._process.memory_info().rss
-        self.baseline_vms = self._process.memory_info().vms
+        self.source = "cuda" if device.type == "cuda" else "cpu-rss-anon"
+        self.baseline_vms = psutil.Process().memory_info().vms
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        else:
+            _reset_peak_rss()
+        self.baseline = _rss_kib()
 
     def sample(self) -> MemorySample:
         if self.device.type == "cuda":
             return MemorySample(int(torch.cuda.max_memory_allocated(self.device)),
                                 int(torch.cuda.max_memory_reserved(self.device)))
-        rss = self._process.memory_info().rss
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-        return MemorySample(max(0, rss - self.baseline_rss), max(0, peak - self.baseline_rss))
+        now, base = _rss_kib(), self.baseline
+        anon = now["RssAnon"] - base["RssAnon"]
+        peak = now["VmHWM"] - base["VmRSS"] - max(0, now["RssFile"] - base["RssFile"])
+        return MemorySample(1024 * max(0, anon), 1024 * max(0, anon, peak))
 
     def cap(self, limit_mb: int | None) -> None:
         """Limit this rank to `limit_mb` MiB more than it holds now (see the module docstring)."""
@@ -64,6 +70,24 @@ class MemoryProbe:
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+_RSS_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+
+
+def _rss_kib() -> dict[str, int]:
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if line.startswith(_RSS_FIELDS))
+    return {name: int(fields[name].split()[0]) for name in _RSS_FIELDS}
+
+
+def _reset_peak_rss() -> None:
+    """VmHWM := VmRSS (Linux >= 4.0), so the peak is this run's, not the imports'."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass  # an older kernel: the peak then counts from the process start, an upper bound
 
 
 def oom_message(error: BaseException) -> str | None:

@@ -18,6 +18,7 @@ costs seconds of start-up, and a plain DDP run needs none of them.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -39,9 +40,8 @@ LR = 3e-3
 WEIGHT_DECAY = 0.1
 
 
-def lazy_imports(layout: Layout) -> list[str]:
-    """The modules building `layout` imports where they are used, for a launcher that imports
-    them once before it forks the ranks (sweep.workload.launch)."""
+def layout_modules(layout: Layout) -> list[str]:
+    """The modules that building `layout` imports where they are used."""
     modules = ["torch._dynamo"]  # the optimizer's first call imports it (torch._disable_dynamo)
     if layout.tp > 1:
         modules += ["torch.distributed.tensor", "torch.distributed.tensor.parallel"]
@@ -54,6 +54,14 @@ def lazy_imports(layout: Layout) -> list[str]:
     if layout.pp > 1:
         modules.append("sweep.workload.pipeline")
     return modules
+
+
+def import_layout_modules(layout: Layout) -> None:
+    """Import them now. A rank does so before its memory baseline (code is not training memory,
+    and tens of MB of it would otherwise count as the run's); the launcher, before it forks the
+    ranks (sweep.workload.launch), so that they start with it loaded."""
+    for name in layout_modules(layout):
+        importlib.import_module(name)
 
 
 @dataclass(frozen=True)

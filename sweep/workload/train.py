@@ -31,6 +31,7 @@ from sweep.workload.parallel import (
     apply_tensor_parallel,
     build_mesh,
     build_optimizer,
+    import_layout_modules,
 )
 from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak
 
@@ -234,6 +235,7 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    import_layout_modules(cfg.layout)
     probe = MemoryProbe(device)
     result = TrainResult()
     began = time.perf_counter()

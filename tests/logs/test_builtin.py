@@ -17,7 +17,7 @@ def _step(step: int, step_time_s: float, loss: float) -> dict[str, object]:
         "flops_per_token": {"megatron": 1.0e6, "full_attention": 1.1e6, "6N": 0.9e6},
         "mfu": {"megatron": 0.1, "full_attention": 0.11, "6N": 0.09}, "mfu_pct": 11.0,
         "peak_flops": 9.895e14, "peak_flops_source": "catalog:h100-sxm:bf16",
-        "mem_allocated_bytes": 1000 + step, "mem_reserved_bytes": 4096 + step, "mem_source": "cpu-rss",
+        "mem_allocated_bytes": 1000 + step, "mem_reserved_bytes": 4096 + step, "mem_source": "cpu-rss-anon",
         "mem_per_rank": [{"rank": 0, "allocated_bytes": 1000, "reserved_bytes": 4096}],
     }  # fmt: skip
 

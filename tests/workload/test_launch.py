@@ -23,6 +23,7 @@ from sweep.workload.launch import Failure, Rendezvous, parse_master
 from tests.workload.runs import (
     REPO,
     forked_launch_cmd,
+    launch,
     run_config,
     workload_env,
     write_run_dir,
@@ -92,6 +93,16 @@ def test_two_forked_ranks_train_the_single_process_losses(tmp_path: Path, refere
     assert re.search(r"node 0 of 1: rank 0 pid \d+, rank 1 pid \d+; rendezvous at 127\.0\.0\.1:\d+", proc.stderr)
     startup = float(re.search(r"startup_s=(\S+)", proc.stdout)[1])
     assert 0 < startup < 60  # counted from the launcher's start, not the fork
+
+
+def test_the_memory_a_run_reports_does_not_depend_on_its_launcher(tmp_path: Path) -> None:
+    forked = write_run_dir(tmp_path / "forked", run_config(dp=2, seq_len=256))
+    under_torchrun = write_run_dir(tmp_path / "torchrun", run_config(dp=2, seq_len=256))
+    assert run(forked_launch_cmd(forked, 2)).returncode == 0
+    assert launch(under_torchrun, 2).returncode == 0
+    peaks = [list(read_jsonl(d / "metrics.jsonl"))[-1]["mem_reserved_bytes"] for d in (forked, under_torchrun)]
+    assert min(peaks) > 0
+    assert abs(peaks[0] - peaks[1]) < 0.05 * max(peaks), peaks  # library pages are not counted
 
 
 def test_two_launchers_meet_through_the_static_rendezvous_as_two_nodes(

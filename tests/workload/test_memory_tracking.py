@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import mmap
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
-from sweep.workload.memory_tracking import MemoryProbe, oom_message
+from sweep.workload.memory_tracking import MIB, MemoryProbe, oom_message
 from tests.workload.conftest import LayoutRun
 
 
@@ -30,15 +35,31 @@ def test_recomputation_lowers_activation_memory(two_rank: dict[str, LayoutRun]) 
     assert full < 0.25 * none  # only the block inputs are kept
 
 
-def test_the_cpu_probe_reports_rss_growth_since_it_was_built() -> None:
+def test_the_cpu_probe_reports_anonymous_rss_growth_since_it_was_built() -> None:
     probe = MemoryProbe(torch.device("cpu"))
     before = probe.sample()
-    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    block = torch.ones(64 * MIB // 4)  # 64 MiB, touched
     after = probe.sample()
-    assert probe.source == "cpu-rss"
+    assert probe.source == "cpu-rss-anon"
     assert after.reserved_bytes >= before.reserved_bytes
-    assert after.allocated_bytes - before.allocated_bytes > 32 * 1024 * 1024
+    assert after.allocated_bytes - before.allocated_bytes > 32 * MIB
     del block
+
+
+def test_the_cpu_peak_keeps_a_freed_allocation_but_not_library_pages(tmp_path: Path) -> None:
+    library = tmp_path / "library.bin"
+    library.write_bytes(os.urandom(48 * MIB))
+    probe = MemoryProbe(torch.device("cpu"))
+    with library.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as pages:
+        touched = sum(pages[i] for i in range(0, len(pages), 4096))  # 48 MiB of file pages mapped in
+        assert touched >= 0
+        mapped = probe.sample()
+        block = torch.ones(96 * MIB // 4)  # 96 MiB at the peak, then freed
+        del block
+        gc.collect()
+        freed = probe.sample()
+    assert mapped.allocated_bytes < 16 * MIB and mapped.reserved_bytes < 16 * MIB
+    assert freed.reserved_bytes > 80 * MIB > freed.allocated_bytes
 
 
 @pytest.mark.parametrize("error", [

@@ -12,7 +12,7 @@ from sweep.flops import flops_per_token_all
 from sweep.workload.metrics import MetricsWriter, RunFacts, step_record, summary_record
 
 FACTS = RunFacts(shape=get_model("tiny-4l"), seq_len=64, tokens_per_step=256, world_size=2,
-                 peak_flops=1e11, peak_flops_source="measured:cpu-matmul-fp32", mem_source="cpu-rss")
+                 peak_flops=1e11, peak_flops_source="measured:cpu-matmul-fp32", mem_source="cpu-rss-anon")
 TIMES = [0.9, 0.21, 0.2, 0.23, 0.19]
 
 
