@@ -143,9 +143,14 @@ def launch(rdzv: Rendezvous, rank_main: Callable[[], int], *, grace_s: float = 1
     try:
         for local_rank in range(rdzv.nproc_per_node):
             env = rdzv.rank_env(local_rank)
-            pid = os.fork()
-            if pid == 0:
-                _become_rank(env, rank_main, launcher_pid)
+            # Blocked across the fork: the child must not run the launcher's handlers.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _become_rank(env, rank_main, launcher_pid, mask)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             ranks.append(_Rank(local_rank, int(env["RANK"]), pid, pidfd=-1))
             ranks[-1].pidfd = os.pidfd_open(pid)
     except OSError:  # out of processes or file descriptors: no rank may outlive the launcher
@@ -169,12 +174,14 @@ def launch(rdzv: Rendezvous, rank_main: Callable[[], int], *, grace_s: float = 1
     return failure.launcher_exit_code if failure is not None else 0
 
 
-def _become_rank(env: dict[str, str], rank_main: Callable[[], int], launcher_pid: int) -> None:
+def _become_rank(env: dict[str, str], rank_main: Callable[[], int], launcher_pid: int,
+                 mask: set[signal.Signals]) -> None:
     """In the forked child: never returns."""
     code = 1
     try:
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held during the fork lands now
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
