@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from sweep.slurm_states import outcome_from_sacct
@@ -360,6 +360,31 @@ def bad_nodes(failures: Iterable[NodeFailure],
                 seen.add(key)
                 counts[node] = counts.get(node, 0) + 1
     return {node: count for node, count in sorted(counts.items()) if count >= threshold}
+
+
+@dataclass(frozen=True)
+class NodeExclusions:
+    """bad_nodes.json: what is excluded, since when, and which nodes were given another chance."""
+
+    exclude: tuple[str, ...] = ()
+    excluded_at: Mapping[str, float] = field(default_factory=dict)
+    forgiven_at: Mapping[str, float] = field(default_factory=dict)
+
+
+def update_exclusions(previous: NodeExclusions, failures: Iterable[tuple[NodeFailure, float]], now: float,
+                      threshold: int = BAD_NODE_THRESHOLD) -> NodeExclusions:
+    """The exclusions after `failures` (each with the time it was first seen). A node that was
+    excluded but is no longer in `exclude` was taken out by hand: it is forgiven now, and only
+    failures seen after that count against it. Nodes put into `exclude` by hand stay."""
+    listed = set(previous.exclude)
+    forgiven_at = dict(previous.forgiven_at)
+    forgiven_at.update({node: now for node in previous.excluded_at if node not in listed})
+    counted = [NodeFailure(f.run_id, f.attempt, f.kind,
+                           tuple(n for n in f.nodes if seen_at > forgiven_at.get(n, float("-inf"))))
+               for f, seen_at in failures]
+    exclude = sorted(set(bad_nodes(counted, threshold)) | listed)
+    excluded_at = {node: previous.excluded_at.get(node, now) for node in exclude}
+    return NodeExclusions(tuple(exclude), excluded_at, forgiven_at)
 
 
 def counts_by(states: Iterable[RunState], key: Any = lambda s: s.state) -> dict[Any, int]:

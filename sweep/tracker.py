@@ -10,7 +10,8 @@ Files in the sweep folder:
   batches/<batch>/tasks.txt the batch's run ids, one per line (task i = line i + 1)
   batches/<batch>/<i>       a link to runs/<run id>/attempts, so that Slurm's own output file
                             (--output=batches/<batch>/%a/slurm-%A_%a.out) lands in the run
-  bad_nodes.json            node failures seen, and the nodes excluded from later submissions
+  bad_nodes.json            node failures seen, the nodes excluded from later submissions (since
+                            when), and those taken out of `exclude` by hand (forgiven_at)
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
                          LockHeld, atomic_write_text, attempt_dirs, exclusive_lock, read_json,
                          read_jsonl)
-from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeFailure, RunJob,
-                              RunState, SlurmView,
-                              Submission, SubmissionError, TaskRef, array_option, bad_nodes,
+from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusions, NodeFailure, RunJob,
+                              RunState, SlurmView, Submission, SubmissionError, TaskRef, array_option,
                               batch_in, expand_task_ids, job_comment, latest_tasks, plan_batches,
-                              reconcile, run_state, shape_of, shape_options, submissions)
+                              reconcile, run_state, shape_of, shape_options, submissions,
+                              update_exclusions)
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
@@ -391,21 +392,23 @@ class Tracker:
         """Merge newly seen failures into bad_nodes.json; returns the exclude list."""
         path = self.dir / BAD_NODES_FILE
         data = read_json(path) or {}
+        now = time.time()
         known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures", [])}
-        changed = False
         for failure in failures:
             key = (failure.run_id, failure.attempt, failure.kind)
             if key not in known:
                 known[key] = {"run_id": failure.run_id, "attempt": failure.attempt,
-                              "kind": failure.kind, "nodes": list(failure.nodes),
-                              "seen_at": time.time()}
-                changed = True
-        recorded = [NodeFailure(f["run_id"], f.get("attempt"), f["kind"], tuple(f["nodes"]))
-                    for f in known.values()]
-        exclude = sorted(set(bad_nodes(recorded)) | set(data.get("exclude") or []))
-        if changed or exclude != sorted(data.get("exclude") or []):
-            atomic_write_json(path, {"exclude": exclude, "failures": list(known.values())})
-        return exclude
+                              "kind": failure.kind, "nodes": list(failure.nodes), "seen_at": now}
+        previous = NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
+                                  data.get("forgiven_at") or {})
+        recorded = [(NodeFailure(f["run_id"], f.get("attempt"), f["kind"], tuple(f["nodes"])),
+                     float(f.get("seen_at") or 0.0)) for f in known.values()]
+        exclusions = update_exclusions(previous, recorded, now)
+        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
+                   "forgiven_at": dict(exclusions.forgiven_at), "failures": list(known.values())}
+        if updated != data:
+            atomic_write_json(path, updated)
+        return list(exclusions.exclude)
 
 
 def read_json_safe(path: Path) -> dict[str, Any] | None:

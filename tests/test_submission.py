@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from sweep.submission import (AttemptView, Batch, NodeFailure, RunJob, SlurmView, Submission,
+from sweep.submission import (AttemptView, Batch, NodeExclusions, NodeFailure, RunJob, SlurmView, Submission,
                               SubmissionError, TaskRef, array_option, bad_nodes, batch_in,
                               combine, expand_task_ids, job_comment, latest_tasks, plan_batches,
                               reconcile, resumable, RunState, run_state, shape_of, shape_options,
-                              split_arrays, submissions)
+                              split_arrays, submissions, update_exclusions)
 
 TWO_NODES = {"job-name": "s.a", "nodes": "2", "time": "00:10:00", "output": "/r/a/slurm-%j.out",
              "error": "/r/a/slurm-%j.err", "no-requeue": "", "signal": "B:USR1@60"}
@@ -185,6 +185,28 @@ def test_a_node_joins_the_exclude_list_at_two_failures() -> None:
                 NodeFailure("c", 1, "node_fail", ("node4",))]
     assert bad_nodes(failures) == {"node2": 2, "node3": 2}
     assert bad_nodes(failures[:1]) == {}
+
+
+def test_a_node_excluded_then_taken_out_by_hand_is_forgiven_its_old_failures() -> None:
+    old = [(NodeFailure("a", 1, "node_fail", ("node2",)), 10.0), (NodeFailure("b", 1, "nccl", ("node2",)), 20.0)]
+    first = update_exclusions(NodeExclusions(), old, now=30.0)
+    assert first.exclude == ("node2",) and first.excluded_at == {"node2": 30.0} and first.forgiven_at == {}
+    assert update_exclusions(first, old, now=40.0) == first  # nothing new: nothing changes
+
+    by_hand = NodeExclusions((), first.excluded_at, first.forgiven_at)  # `exclude` emptied in the file
+    forgiven = update_exclusions(by_hand, old, now=50.0)
+    assert forgiven.exclude == () and forgiven.forgiven_at == {"node2": 50.0} and forgiven.excluded_at == {}
+
+    one_more = old + [(NodeFailure("c", 1, "node_fail", ("node2",)), 60.0)]
+    assert update_exclusions(forgiven, one_more, now=70.0).exclude == ()
+    two_more = one_more + [(NodeFailure("d", 1, "node_fail", ("node2",)), 80.0)]
+    again = update_exclusions(forgiven, two_more, now=90.0)
+    assert again.exclude == ("node2",) and again.excluded_at == {"node2": 90.0}
+
+
+def test_a_node_put_into_exclude_by_hand_stays_excluded() -> None:
+    mine = update_exclusions(NodeExclusions(("node9",)), [], now=5.0)
+    assert mine.exclude == ("node9",) and mine.excluded_at == {"node9": 5.0}
 
 
 def test_batches_are_plain_data() -> None:

@@ -162,3 +162,14 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     time.sleep(1)
     after = {s.run_id: s.state for s in Tracker(out).observe().states}
     assert sorted(r for r, state in after.items() if state == "cancelled") == failed
+
+    # node2 given another chance by hand: its two old failures no longer count
+    bad_nodes = out / "bad_nodes.json"
+    edited = json.loads(bad_nodes.read_text()) | {"exclude": []}
+    bad_nodes.write_text(json.dumps(edited))
+    assert Tracker(out).observe().excluded == []
+    assert "node2" in json.loads(bad_nodes.read_text())["forgiven_at"]
+    capsys.readouterr()
+    assert main(["resume", str(out), "--dry-run"]) == 0
+    dry = capsys.readouterr().out  # the mbs-4 runs may go back to node2 (the spec keeps the others off it)
+    assert f"--exclude={','.join(OTHERS)} " in dry and f"--exclude={','.join(OTHERS)},node2 " not in dry
