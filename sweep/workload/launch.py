@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psutil
+
 LAUNCHED_AT_ENV = "SWEEP_LAUNCHED_AT"  # unix time the launcher started, for the ranks' start-up figure
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -218,7 +220,7 @@ def _supervise(ranks: list[_Rank], grace_s: float) -> Failure | None:
                 kill_at = time.monotonic() + grace_s
         if kill_at is not None and time.monotonic() >= kill_at:
             _signal_all(ranks, signal.SIGKILL)
-            kill_at = time.monotonic() + 3600.0  # once; SIGKILL cannot be ignored
+            kill_at = None  # once: SIGKILL cannot be ignored, and `failure` keeps SIGTERM from repeating
     return failure
 
 
@@ -234,6 +236,4 @@ def _signal_all(ranks: list[_Rank], signum: int) -> None:
 
 
 def _process_start_time() -> float:
-    import psutil
-
     return float(psutil.Process().create_time())

@@ -20,7 +20,6 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import torch
 
 MIB = 1024 * 1024
@@ -41,18 +40,18 @@ class MemoryProbe:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.source = "cuda" if device.type == "cuda" else "cpu-rss-anon"
-        self.baseline_vms = psutil.Process().memory_info().vms
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         else:
             _reset_peak_rss()
-        self.baseline = _rss_kib()
+        self.baseline = _memory_kib()
+        self.baseline_vms = 1024 * self.baseline["VmSize"]
 
     def sample(self) -> MemorySample:
         if self.device.type == "cuda":
             return MemorySample(int(torch.cuda.max_memory_allocated(self.device)),
                                 int(torch.cuda.max_memory_reserved(self.device)))
-        now, base = _rss_kib(), self.baseline
+        now, base = _memory_kib(), self.baseline
         anon = now["RssAnon"] - base["RssAnon"]
         peak = now["VmHWM"] - base["VmRSS"] - max(0, now["RssFile"] - base["RssFile"])
         return MemorySample(1024 * max(0, anon), 1024 * max(0, anon, peak))
@@ -72,13 +71,13 @@ class MemoryProbe:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
-_RSS_FIELDS = ("VmHWM", "VmRSS", "RssAnon", "RssFile")
+_STATUS_FIELDS = ("VmSize", "VmHWM", "VmRSS", "RssAnon", "RssFile")
 
 
-def _rss_kib() -> dict[str, int]:
+def _memory_kib() -> dict[str, int]:
     with open("/proc/self/status") as status:
-        fields = dict(line.split(":", 1) for line in status if line.startswith(_RSS_FIELDS))
-    return {name: int(fields[name].split()[0]) for name in _RSS_FIELDS}
+        fields = dict(line.split(":", 1) for line in status if line.startswith(_STATUS_FIELDS))
+    return {name: int(fields[name].split()[0]) for name in _STATUS_FIELDS}
 
 
 def _reset_peak_rss() -> None:
