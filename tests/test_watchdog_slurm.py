@@ -21,7 +21,7 @@ def run(tmp_path: Path, slurm_cluster: None) -> Iterator[Run]:
 
 
 JOB = """#!/bin/bash
-#SBATCH --nodes=1 --time=1 --no-requeue {signal}
+#SBATCH --nodes=1 --time={minutes} --no-requeue {signal}
 srun --nodes=1 --ntasks-per-node=1 {python} -m sweep.watchdog --run-dir {run_dir} \\
   --attempt-dir {attempt} --poll-s 0.2 --node-wait-s 0 -- {python} {launcher} &
 SRUN_PID=$!
@@ -36,11 +36,11 @@ exit "$status"
 """
 
 
-def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
+def sbatch_and_wait(run: Run, signal_option: str, minutes: int, timeout: float) -> str:
     launcher = run.python("steps(100000, gap=0.5)")
     script = run.root / "job.sbatch"
-    script.write_text(JOB.format(signal=signal_option, python=sys.executable, run_dir=run.run_dir,
-                                 attempt=run.attempt, launcher=launcher[1]))
+    script.write_text(JOB.format(minutes=minutes, signal=signal_option, python=sys.executable,
+                                 run_dir=run.run_dir, attempt=run.attempt, launcher=launcher[1]))
     sbatch = ["sbatch", "--parsable", f"--chdir={REPO}", f"--output={run.root}/job.out",
               str(script)]
     job_id = subprocess.run(sbatch, capture_output=True, text=True, check=True).stdout.strip()
@@ -64,7 +64,10 @@ def sbatch_and_wait(run: Run, signal_option: str, timeout: float) -> str:
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_slurm_the_usr1_before_the_time_limit_is_a_timeout(run: Run) -> None:
-    state = sbatch_and_wait(run, "--signal=B:USR1@30", timeout=150)
+    # slurmctld checks time limits every 30 s and sends --signal when the warning time falls
+    # before its next check, so up to 60 s early ("man sbatch"): with 1 minute and @30 the USR1
+    # could come before the first step; with 2 minutes it comes 30 to 90 s in
+    state = sbatch_and_wait(run, "--signal=B:USR1@30", minutes=2, timeout=210)
     status = run.status
     assert (status["outcome"], status["signals"]) == ("timeout", ["USR1"]), status
     assert status["slurm_job_id"] and status["last_step"] >= 1
@@ -78,7 +81,7 @@ def test_slurm_the_usr1_before_the_time_limit_is_a_timeout(run: Run) -> None:
 def test_slurm_a_time_limit_without_signal_is_a_timeout_from_the_job_end_time(run: Run) -> None:
     from sweep.classify import Evidence, classify
 
-    state = sbatch_and_wait(run, "", timeout=200)
+    state = sbatch_and_wait(run, "", minutes=1, timeout=200)
     assert state == "TIMEOUT"
     status = run.status  # the TERM came at the job's end time (squeue %e): Slurm's limit
     assert (status["outcome"], status["signals"]) == ("timeout", ["TERM"]), status
