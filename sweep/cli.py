@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "status": "show the state of every run of a sweep",
     "resume": "resubmit the runs whose latest attempt failed",
     "cancel": "cancel a sweep's queued and running jobs",
+    "nodes": "list the nodes a sweep avoids after failures; forgive or exclude nodes",
     "collect": "turn attempt folders into runs.parquet",
     "report": "draw heatmaps and best-config tables from runs.parquet",
     "import-playbook": "convert the Ultra-Scale Playbook's published runs into runs.parquet",

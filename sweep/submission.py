@@ -379,12 +379,55 @@ def update_exclusions(previous: NodeExclusions, failures: Iterable[tuple[NodeFai
     listed = set(previous.exclude)
     forgiven_at = dict(previous.forgiven_at)
     forgiven_at.update({node: now for node in previous.excluded_at if node not in listed})
-    counted = [NodeFailure(f.run_id, f.attempt, f.kind,
-                           tuple(n for n in f.nodes if seen_at > forgiven_at.get(n, float("-inf"))))
-               for f, seen_at in failures]
+    counted = failures_that_count(failures, forgiven_at)
     exclude = sorted(set(bad_nodes(counted, threshold)) | listed)
     excluded_at = {node: previous.excluded_at.get(node, now) for node in exclude}
     return NodeExclusions(tuple(exclude), excluded_at, forgiven_at)
+
+
+def failures_that_count(failures: Iterable[tuple[NodeFailure, float]],
+                        forgiven_at: Mapping[str, float]) -> list[NodeFailure]:
+    """Each failure without the nodes that were forgiven after it was seen."""
+    return [NodeFailure(f.run_id, f.attempt, f.kind,
+                        tuple(n for n in f.nodes if seen_at > forgiven_at.get(n, float("-inf"))))
+            for f, seen_at in failures]
+
+
+def change_exclusions(previous: NodeExclusions, *, forgive: Iterable[str] = (),
+                      exclude: Iterable[str] = (), now: float) -> NodeExclusions:
+    """`sweep nodes --forgive/--exclude`: the same outcome as editing `exclude` in bad_nodes.json
+    by hand, in one step. A forgiven node's failures so far stop counting against it."""
+    forgive, exclude = set(forgive), set(exclude)
+    listed = sorted((set(previous.exclude) - forgive) | exclude)
+    return NodeExclusions(tuple(listed),
+                          {node: previous.excluded_at.get(node, now) for node in listed},
+                          {**previous.forgiven_at, **{node: now for node in sorted(forgive)}})
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One node of `sweep nodes`: its failures, and whether later submissions avoid it."""
+
+    node: str
+    failures: int  # every failed attempt that pointed at it
+    counted: int  # of those, the ones seen since it was last forgiven
+    excluded_at: float | None
+    forgiven_at: float | None
+
+    def excluded_by_hand(self, threshold: int = BAD_NODE_THRESHOLD) -> bool:
+        return self.excluded_at is not None and self.counted < threshold
+
+
+def node_records(exclusions: NodeExclusions,
+                 failures: Sequence[tuple[NodeFailure, float]]) -> list[NodeRecord]:
+    """Every node that failed or is excluded, by name."""
+    total = bad_nodes((f for f, _ in failures), threshold=1)
+    counted = bad_nodes(failures_that_count(failures, exclusions.forgiven_at), threshold=1)
+    names = sorted(set(total) | set(exclusions.exclude) | set(exclusions.forgiven_at))
+    return [NodeRecord(node, total.get(node, 0), counted.get(node, 0),
+                       exclusions.excluded_at.get(node) if node in exclusions.exclude else None,
+                       exclusions.forgiven_at.get(node))
+            for node in names]
 
 
 def counts_by(states: Iterable[RunState], key: Any = lambda s: s.state) -> dict[Any, int]:

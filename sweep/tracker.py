@@ -11,7 +11,8 @@ Files in the sweep folder:
   batches/<batch>/<i>       a link to runs/<run id>/attempts, so that Slurm's own output file
                             (--output=batches/<batch>/%a/slurm-%A_%a.out) lands in the run
   bad_nodes.json            node failures seen, the nodes excluded from later submissions (since
-                            when), and those taken out of `exclude` by hand (forgiven_at)
+                            when), and those taken out of `exclude` again (forgiven_at; by hand
+                            or `sweep nodes --forgive`)
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
                          LockHeld, atomic_write_text, attempt_dirs, exclusive_lock, read_json,
                          read_jsonl)
-from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusions, NodeFailure, RunJob,
-                              RunState, SlurmView, Submission, SubmissionError, TaskRef, array_option,
-                              batch_in, expand_task_ids, job_comment, latest_tasks, plan_batches,
-                              reconcile, run_state, shape_of, shape_options, submissions,
-                              update_exclusions)
+from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusions, NodeFailure,
+                              NodeRecord, RunJob, RunState, SlurmView, Submission, SubmissionError,
+                              TaskRef, array_option, batch_in, change_exclusions, expand_task_ids,
+                              job_comment, latest_tasks, node_records, plan_batches, reconcile,
+                              run_state, shape_of, shape_options, submissions, update_exclusions)
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
@@ -388,27 +389,55 @@ class Tracker:
                 names += _NODE_FAILURE_LINE.findall(path.read_text(errors="replace"))
         return sorted(set(names))
 
+    def nodes(self) -> list[NodeRecord]:
+        """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
+        exclusions, failures = self._read_bad_nodes()
+        return node_records(exclusions, [(_node_failure_of(f), _seen_at(f)) for f in failures])
+
+    def change_exclusions(self, *, forgive: Sequence[str] = (),
+                          exclude: Sequence[str] = ()) -> NodeExclusions:
+        """Forgive nodes (back into use; their failures so far stop counting) or exclude them."""
+        with self.lock():
+            previous, failures = self._read_bad_nodes()
+            changed = change_exclusions(previous, forgive=forgive, exclude=exclude, now=time.time())
+            self._write_bad_nodes(changed, failures)
+        return changed
+
     def _update_bad_nodes(self, failures: Sequence[NodeFailure]) -> list[str]:
         """Merge newly seen failures into bad_nodes.json; returns the exclude list."""
-        path = self.dir / BAD_NODES_FILE
-        data = read_json(path) or {}
+        previous, recorded = self._read_bad_nodes()
         now = time.time()
-        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures", [])}
+        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in recorded}
         for failure in failures:
             key = (failure.run_id, failure.attempt, failure.kind)
             if key not in known:
                 known[key] = {"run_id": failure.run_id, "attempt": failure.attempt,
                               "kind": failure.kind, "nodes": list(failure.nodes), "seen_at": now}
-        previous = NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
-                                  data.get("forgiven_at") or {})
-        recorded = [(NodeFailure(f["run_id"], f.get("attempt"), f["kind"], tuple(f["nodes"])),
-                     float(f.get("seen_at") or 0.0)) for f in known.values()]
-        exclusions = update_exclusions(previous, recorded, now)
-        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
-                   "forgiven_at": dict(exclusions.forgiven_at), "failures": list(known.values())}
-        if updated != data:
-            atomic_write_json(path, updated)
+        exclusions = update_exclusions(
+            previous, [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
+        self._write_bad_nodes(exclusions, list(known.values()))
         return list(exclusions.exclude)
+
+    def _read_bad_nodes(self) -> tuple[NodeExclusions, list[dict[str, Any]]]:
+        data = read_json(self.dir / BAD_NODES_FILE) or {}
+        exclusions = NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
+                                    data.get("forgiven_at") or {})
+        return exclusions, list(data.get("failures") or [])
+
+    def _write_bad_nodes(self, exclusions: NodeExclusions, failures: list[dict[str, Any]]) -> None:
+        path = self.dir / BAD_NODES_FILE
+        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
+                   "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
+        if updated != (read_json(path) or {}):
+            atomic_write_json(path, updated)
+
+
+def _node_failure_of(record: dict[str, Any]) -> NodeFailure:
+    return NodeFailure(record["run_id"], record.get("attempt"), record["kind"], tuple(record["nodes"]))
+
+
+def _seen_at(record: dict[str, Any]) -> float:
+    return float(record.get("seen_at") or 0.0)
 
 
 def read_json_safe(path: Path) -> dict[str, Any] | None:

@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
-from sweep.submission import (AttemptView, Batch, NodeExclusions, NodeFailure, RunJob, SlurmView, Submission,
-                              SubmissionError, TaskRef, array_option, bad_nodes, batch_in,
-                              combine, expand_task_ids, job_comment, latest_tasks, plan_batches,
-                              reconcile, resumable, RunState, run_state, shape_of, shape_options,
-                              split_arrays, submissions, update_exclusions)
+from sweep.submission import (AttemptView, Batch, NodeExclusions, NodeFailure, NodeRecord, RunJob, RunState,
+                              SlurmView, Submission, SubmissionError, TaskRef, array_option, bad_nodes,
+                              batch_in, change_exclusions, combine, expand_task_ids, job_comment,
+                              latest_tasks, node_records, plan_batches, reconcile, resumable, run_state,
+                              shape_of, shape_options, split_arrays, submissions, update_exclusions)
 
 TWO_NODES = {"job-name": "s.a", "nodes": "2", "time": "00:10:00", "output": "/r/a/slurm-%j.out",
              "error": "/r/a/slurm-%j.err", "no-requeue": "", "signal": "B:USR1@60"}
@@ -207,6 +207,33 @@ def test_a_node_excluded_then_taken_out_by_hand_is_forgiven_its_old_failures() -
 def test_a_node_put_into_exclude_by_hand_stays_excluded() -> None:
     mine = update_exclusions(NodeExclusions(("node9",)), [], now=5.0)
     assert mine.exclude == ("node9",) and mine.excluded_at == {"node9": 5.0}
+
+
+def test_forgiving_by_command_is_forgiving_by_hand() -> None:
+    old = [(NodeFailure("a", 1, "node_fail", ("node2",)), 10.0), (NodeFailure("b", 1, "nccl", ("node2",)), 20.0)]
+    excluded = update_exclusions(NodeExclusions(), old, now=30.0)
+    by_command = change_exclusions(excluded, forgive=["node2"], now=50.0)
+    by_hand = update_exclusions(NodeExclusions((), excluded.excluded_at, excluded.forgiven_at), old, now=50.0)
+    assert by_command == by_hand == NodeExclusions((), {}, {"node2": 50.0})
+    assert update_exclusions(by_command, old, now=60.0) == by_command
+
+
+def test_excluding_by_command_keeps_the_first_exclusion_time() -> None:
+    first = change_exclusions(NodeExclusions(), exclude=["n2", "n1"], now=5.0)
+    assert first == NodeExclusions(("n1", "n2"), {"n1": 5.0, "n2": 5.0}, {})
+    assert change_exclusions(first, exclude=["n1", "n3"], now=9.0).excluded_at == {"n1": 5.0, "n2": 5.0, "n3": 9.0}
+
+
+def test_node_records_count_every_failure_and_those_since_forgiven() -> None:
+    failures = [(NodeFailure("a", 1, "node_fail", ("n2", "n3")), 10.0),
+                (NodeFailure("a", 1, "nccl", ("n2",)), 10.0),  # the same attempt: counted once
+                (NodeFailure("b", 2, "nccl", ("n2",)), 40.0)]
+    exclusions = NodeExclusions(("n9",), {"n9": 1.0}, {"n2": 30.0})
+    assert node_records(exclusions, failures) == [
+        NodeRecord("n2", failures=2, counted=1, excluded_at=None, forgiven_at=30.0),
+        NodeRecord("n3", failures=1, counted=1, excluded_at=None, forgiven_at=None),
+        NodeRecord("n9", failures=0, counted=0, excluded_at=1.0, forgiven_at=None)]
+    assert node_records(exclusions, failures)[2].excluded_by_hand()
 
 
 def test_batches_are_plain_data() -> None:

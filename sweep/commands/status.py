@@ -101,7 +101,8 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Itera
                           str(state.attempt or ""), ",".join(state.nodes))
         yield table
     used, remaining = gpu_hours(observation)
-    excluded = ",".join(observation.excluded) or "none"
+    excluded = (f"{','.join(observation.excluded)} (why: `sweep nodes {sweep_dir}`)"
+                if observation.excluded else "none")
     calls = ", ".join(f"{n} {c}" for c, n in sorted(observation.slurm_calls.items())) or "none"
     yield (f"GPU-hours: {used:.2f} used, about {remaining:.2f} to go (estimate)\n"
            f"bad nodes excluded from later submissions: {excluded}\n"

@@ -37,7 +37,7 @@ def test_the_tables_show_counts_cells_failures_and_the_exclude_list() -> None:
         console.print(item)
     text = console.file.getvalue()
     assert "demo: 5 run(s)" in text and "node_fail" in text and "8b" in text
-    assert "bad nodes excluded from later submissions: node2" in text
+    assert "bad nodes excluded from later submissions: node2 (why: `sweep nodes" in text
     assert "1 sacct, 1 squeue" in text
 
 

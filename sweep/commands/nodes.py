@@ -1,0 +1,102 @@
+"""`sweep nodes DIR [--forgive NODES] [--exclude NODES]`: the nodes a sweep avoids, and why.
+
+A node with two node failures or NCCL errors is excluded from the sweep's later submissions
+(`bad_nodes.json`, kept up to date by `sweep status`, `submit` and `resume`). This command lists
+every node that failed or is excluded (`counting`: its failures since it was last forgiven),
+gives a repaired node another chance (`--forgive`: its failures so far stop counting, two new
+ones exclude it again) or keeps one out by hand (`--exclude`). It reads and writes only the sweep
+folder: no Slurm command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sweep.cli import UserError
+
+if TYPE_CHECKING:
+    from sweep.submission import NodeRecord
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
+    parser.add_argument("--forgive", action="append", default=[], metavar="NODES",
+                        help="take nodes out of the exclude list (a Slurm host list such as "
+                             "gpu[03-04],gpu09; repeatable)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODES",
+                        help="keep nodes out of later submissions (a Slurm host list; repeatable)")
+
+
+def node_names(flag: str, values: Sequence[str]) -> list[str]:
+    """The nodes of `--flag` host lists; a name that Slurm would not accept is an input error."""
+    from sweep.shims.hostlist import expand
+
+    names: list[str] = []
+    for value in values:
+        try:
+            expanded = expand(value)
+        except ValueError as error:
+            raise UserError(f"{flag} {value!r}: {error}; write nodes as a Slurm host list, "
+                            "e.g. gpu[03-04],gpu09") from None
+        for name in expanded:
+            if not NODE_NAME.fullmatch(name):
+                raise UserError(f"{flag} {value!r}: {name!r} is not a node name (letters, digits, "
+                                ". _ -, starting with a letter or digit)")
+            names.append(name)
+    return sorted(set(names))
+
+
+def describe(record: NodeRecord) -> str:
+    """What later submissions do with the node, and since when."""
+    def at(seconds: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+
+    if record.excluded_at is not None:
+        why = "by hand" if record.excluded_by_hand() else f"after {record.counted} failures"
+        return f"excluded {why} since {at(record.excluded_at)}"
+    if record.forgiven_at is not None:
+        return f"in use, forgiven at {at(record.forgiven_at)}"
+    return "in use"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from sweep.tracker import Tracker
+
+    forgive, exclude = node_names("--forgive", args.forgive), node_names("--exclude", args.exclude)
+    both = sorted(set(forgive) & set(exclude))
+    if both:
+        raise UserError(f"{','.join(both)}: both in --forgive and --exclude; choose one")
+    tracker = Tracker(args.sweep_dir)
+    if forgive:
+        excluded = set(tracker.excluded())
+        unknown = [node for node in forgive if node not in excluded]
+        if unknown:
+            raise UserError(f"--forgive {','.join(unknown)}: not excluded by this sweep (excluded: "
+                            f"{','.join(sorted(excluded)) or 'none'}); see `sweep nodes "
+                            f"{args.sweep_dir}`")
+    if forgive or exclude:
+        changed = tracker.change_exclusions(forgive=forgive, exclude=exclude)
+        print(f"{tracker.dir.name}: forgave {len(forgive)}, excluded {len(exclude)} node(s); "
+              f"later submissions exclude: {','.join(changed.exclude) or 'none'}")
+        return 0
+    records = tracker.nodes()
+    if not records:
+        print(f"{tracker.dir.name}: no node has failed, none is excluded")
+        return 0
+    table = Table(title=f"{tracker.dir.name}: nodes that failed or are excluded")
+    for column in ("node", "failures", "counting", "later submissions"):
+        table.add_column(column, justify="right" if column in ("failures", "counting") else "left")
+    for record in records:
+        table.add_row(record.node, str(record.failures), str(record.counted), describe(record))
+    Console().print(table)
+    return 0
