@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweep.logs.base import strip_ansi
-from sweep.slurm_states import outcome_from_sacct
+from sweep.slurm_states import SRUN_NODE_FAILURE, outcome_from_sacct
 
 OUTCOMES = ("completed", "oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted")
 MAX_LINES_PER_RULE = 20  # findings kept per pattern: evidence, not a copy of the log
@@ -82,6 +82,7 @@ def _p(rule: str, outcome: str, reason: str, regex: str) -> _Pattern:
 # Order inside a rule matters only for the reason: the first pattern of a rule that matches names it.
 PATTERNS: tuple[_Pattern, ...] = (
     _p("slurm_node_failure", "node_fail", "slurm_node_failure", r"DUE TO NODE FAILURE|srun: error: Node failure on"),
+    _p("slurm_node_failure", "node_fail", "srun_step_launch_failed", SRUN_NODE_FAILURE.pattern),
     _p("gpu_hardware_error", "node_fail", "gpu_ecc_error", r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
     _p("slurm_preemption", "preempted", "slurm_preempted", r"DUE TO PREEMPTION|this job is preempted"),
     _p("slurm_preemption", "preempted", "slurm_requeued", r"DUE TO JOB REQUEUE"),
@@ -117,7 +118,7 @@ PATTERNS: tuple[_Pattern, ...] = (
 # A line is tried against the patterns only when it holds one of these words: plain substring
 # tests cost little, and almost every line of a training log holds none of them.
 _KEYWORDS = (
-    "DUE TO", "Node failure", "ECC", "preempted", "illegal memory access", "IllegalAddress", "out of memory",
+    "DUE TO", "Node failure", "Task launch", "ECC", "preempted", "illegal memory access", "IllegalAddress", "out of memory",
     "OutOfMemory", "ALLOC_FAILED", "DefaultCPUAllocator", "MemoryError", "Cannot allocate", "oom", "Out Of Memory",
     "Killed process", "memory limit", "Watchdog caught", "Timed out waiting", "pair closure", "CANCELLED", "SIGSEGV",
     "Segmentation fault", "signal 11", "exitcode", "NCCL", "nccl", "CUDA error", "CUDAError", "CUDA_ERROR",
@@ -377,7 +378,7 @@ def _no_evidence(ctx: Context) -> Match | None:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("slurm_node_failure", "node_fail", "Slurm says a node failed (log line or sacct NODE_FAIL/BOOT_FAIL)",
+    Rule("slurm_node_failure", "node_fail", "Slurm says a node failed (log line, srun could not start the step on a node, or sacct NODE_FAIL/BOOT_FAIL)",
          _log_or_sacct("slurm_node_failure", "node_fail")),
     Rule("gpu_hardware_error", "node_fail", "uncorrectable ECC error: the GPU is faulty, not the configuration",
          _from_log("gpu_hardware_error")),

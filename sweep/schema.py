@@ -99,7 +99,7 @@ _OUTCOME = _cols(
     ("reason", "string", "", "finer reason (e.g. cuda_oom, sacct:TIMEOUT, playbook:failed)"),
     ("rule", "string", "", "classifier rule that decided the outcome"),
     ("evidence", "list<string>", "", "exact log lines behind the verdict"),
-    ("status_source", "string", "", "status.json, node-files, sacct, published or none"),
+    ("status_source", "string", "", "status.json, node-files, srun (its line blaming a node), sacct, published or none"),
     ("last_step", "int64", "steps", "last step reached"),
     ("exit_codes_json", "string", "JSON", "exit code per node"),
     ("collect_issues", "list<string>", "",

@@ -7,6 +7,9 @@ sacct decides. Two traps (found on a real cluster, see notes/local-slurm.md):
   step states and the derived exit code are checked, never the job state alone.
 - On a node failure the steps end CANCELLED 0:15 while the job is NODE_FAIL; when the batch host
   itself failed, the batch step may even be COMPLETED. The job row decides.
+- A node that cannot start its part of an `srun` step (slurmd down or unreachable) leaves the
+  job FAILED 105:0 and the step CANCELLED 0:105, which reads as a crash. Only srun's own line in
+  the job's stderr names the node: `node_failures_in_srun_output` finds it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ PENDING_STATES = frozenset(
 OOM_SIGNAL = 125  # Slurm reports a cgroup OOM kill as exit code 0:125
 _EXIT = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 _SIGNAL_NAMES = {6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+# srun's lines (in the batch script's stderr) that blame a node. A step launch that fails for
+# want of a working slurmd on the node is the node's fault; "Unable to layout tasks" and other
+# launch errors are the job's, and are not matched.
+SRUN_NODE_FAILURE = re.compile(
+    r"srun: error: Node failure on (?P<failed>[^\s:]+)"
+    r"|srun: error: Task launch for \S+ failed on node (?P<unreachable>[^\s:]+): (?:Communication connection "
+    r"failure|Socket timed out on send/recv operation|Connection refused|Connection timed out|No route to host|"
+    r"Zero Bytes were transmitted or received|Protocol authentication error)"
+)
 
 
 def normalize_state(state: str) -> str:
@@ -109,3 +121,19 @@ def _describe(code: tuple[int, int] | None) -> str:
     if signal:
         return f" (signal {_SIGNAL_NAMES.get(signal, signal)})"
     return f" (exit code {exit_status})"
+
+
+def node_failures_in_srun_output(text: str) -> tuple[str, tuple[str, ...]] | None:
+    """(reason, nodes) when srun says nodes failed, or could not start the step on them."""
+    failed: list[str] = []
+    unreachable: list[str] = []
+    for match in SRUN_NODE_FAILURE.finditer(text):
+        if match["failed"]:
+            failed.append(match["failed"])
+        else:
+            unreachable.append(match["unreachable"])
+    if failed:
+        return "srun_node_failure", tuple(sorted(set(failed)))
+    if unreachable:
+        return "srun_step_launch_failed", tuple(sorted(set(unreachable)))
+    return None

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm_states import outcome_from_sacct
 
 # #SBATCH options that name a job or its files: they differ per run and do not shape resources.
@@ -303,7 +304,7 @@ def run_state(run_id: str, task: TaskRef | None, slurm: SlurmView | None,
         return RunState(state=attempt.outcome, reason=attempt.reason or "status.json",
                         elapsed_s=attempt.elapsed_s, **common)
     if slurm is not None and slurm.nodes and not common["nodes"]:
-        common["nodes"] = tuple(slurm.nodes.split(","))
+        common["nodes"] = _host_names(slurm.nodes)
     if slurm is not None and slurm.live:
         state = "running" if slurm.state in ("RUNNING", "COMPLETING", "CONFIGURING") else "pending"
         return RunState(state=state, reason=slurm.reason or slurm.state, **common)
@@ -326,6 +327,14 @@ def run_state(run_id: str, task: TaskRef | None, slurm: SlurmView | None,
     if now - task.time > LOST_AFTER_S:
         return RunState(state="lost", reason="neither squeue nor sacct knows the task", **common)
     return RunState(state="submitted", reason="waiting for Slurm's accounting", **common)
+
+
+def _host_names(hostlist: str) -> tuple[str, ...]:
+    """sacct's `node[1-2],gpu7` as names; a list that does not parse is kept as it is."""
+    try:
+        return tuple(expand_hosts(hostlist))
+    except ValueError:
+        return (hostlist,)
 
 
 def resumable(states: Iterable[RunState], only: Sequence[str] | None) -> list[str]:

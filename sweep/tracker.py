@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
-import re
 import secrets
 import shlex
 import sys
@@ -33,7 +32,9 @@ from typing import Any, Final
 from sweep.cli import UserError
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.shims.hostlist import expand as expand_hosts
+from sweep.progress import read_tail
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
+from sweep.slurm_states import node_failures_in_srun_output
 from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
                          LockHeld, atomic_write_text, attempt_dirs, exclusive_lock, read_json,
                          read_jsonl)
@@ -42,6 +43,7 @@ from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusion
                               TaskRef, array_option, batch_in, change_exclusions, expand_task_ids,
                               job_comment, latest_tasks, node_records, plan_batches, reconcile,
                               run_state, shape_of, shape_options, submissions, update_exclusions)
+from sweep.verdict import LOG_TAIL_BYTES, srun_node_failure
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
@@ -51,7 +53,6 @@ LOCK_FILE: Final = ".submit.lock"
 ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
 LOCK_WAIT_S: Final = 200.0  # longer than sbatch's own retries (120 s) when the queue is full
 JOB_COUNT_MARGIN: Final = 0.02  # of MaxJobCount, left free for other users
-_NODE_FAILURE_LINE: Final = re.compile(r"Node failure on (\S+)")
 _WRAPPER_TEXT: Final = """#!/bin/bash
 # llm-sweep array task (written by `sweep submit`). Task i of a batch runs the run on line i+1 of
 # the batch's task list through that run's own job.sbatch, unchanged (its environment contract:
@@ -377,17 +378,17 @@ class Tracker:
                            nodes=tuple(n for n in chosen if n))
 
     def _failed_nodes_in_output(self, state: RunState) -> list[str]:
-        """`srun: error: Node failure on node2` in the task's Slurm output, when present (a
-        failed batch host leaves no such line: then every node of the job is suspect)."""
+        """The nodes srun blamed in the task's Slurm output (`Node failure on node2`, or a step
+        launch that failed on it), when it did (a failed batch host leaves no such line: then
+        every node of the job is suspect)."""
         if state.task is None:
             return []
         master, _, index = state.task.partition("_")
-        names: list[str] = []
-        for suffix in ("out", "err"):
-            path = self.dir / RUNS_DIR / state.run_id / "attempts" / f"slurm-{master}_{index}.{suffix}"
-            with contextlib.suppress(OSError):
-                names += _NODE_FAILURE_LINE.findall(path.read_text(errors="replace"))
-        return sorted(set(names))
+        attempts = self.dir / RUNS_DIR / state.run_id / "attempts"
+        text = "\n".join(read_tail(attempts / f"slurm-{master}_{index}.{suffix}", LOG_TAIL_BYTES)
+                         for suffix in ("err", "out"))
+        blamed = node_failures_in_srun_output(text)
+        return list(blamed[1]) if blamed else []
 
     def nodes(self) -> list[NodeRecord]:
         """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
@@ -450,16 +451,20 @@ def read_json_safe(path: Path) -> dict[str, Any] | None:
 
 
 def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:
+    if not status:  # no watchdog verdict: srun may still have said which node let the step down
+        blamed = srun_node_failure(folder)
+        if blamed is None:
+            return AttemptView(number=int(folder.name), outcome=None)
+        reason, nodes = blamed
+        return AttemptView(number=int(folder.name), outcome="node_fail",
+                           reason=f"{reason}: {','.join(nodes)}", nodes=nodes)
     elapsed = None
-    nodes: tuple[str, ...] = ()
-    if status:
-        start, end = status.get("started_at"), status.get("ended_at")
-        if isinstance(start, (int, float)) and isinstance(end, (int, float)):
-            elapsed = float(end - start)
-        nodes = tuple(str(n) for n in status.get("nodes") or () if n)
-    return AttemptView(number=int(folder.name), outcome=(status or {}).get("outcome"),
-                       reason=str((status or {}).get("reason") or ""), elapsed_s=elapsed,
-                       nodes=nodes)
+    start, end = status.get("started_at"), status.get("ended_at")
+    if isinstance(start, (int, float)) and isinstance(end, (int, float)):
+        elapsed = float(end - start)
+    return AttemptView(number=int(folder.name), outcome=status.get("outcome"),
+                       reason=str(status.get("reason") or ""), elapsed_s=elapsed,
+                       nodes=tuple(str(n) for n in status.get("nodes") or () if n))
 
 
 def _task_ids(job_id: str) -> list[str]:

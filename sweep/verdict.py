@@ -17,7 +17,8 @@ from typing import Any
 
 from sweep.classify import Evidence, Verdict, classify
 from sweep.progress import LOGS_DIR, read_tail
-from sweep.state import STATUS_FILE, read_json
+from sweep.slurm_states import SRUN_NODE_FAILURE, node_failures_in_srun_output
+from sweep.state import SLURM_STDERR_LINK, STATUS_FILE, read_json
 
 LOG_TAIL_BYTES = 128 << 10  # per file: the end of a log holds the failure
 
@@ -27,12 +28,22 @@ def node_file(attempt_dir: Path, node_index: int) -> Path:
 
 
 def log_text(attempt_dir: Path, nodes: list[int]) -> str:
-    """The tails of the given nodes' stderr and stdout, stderr first (tracebacks go there)."""
+    """The tails of the given nodes' stderr and stdout, stderr first (tracebacks go there), and
+    srun's lines that blame a node: they are only in the batch script's stderr, and a node that
+    could not start its part of the step leaves nothing else behind."""
     parts = []
     for k in nodes:
         for stream in ("err", "out"):
             parts.append(read_tail(attempt_dir / LOGS_DIR / f"node{k}.{stream}", LOG_TAIL_BYTES))
+    srun = read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES)
+    parts += [match[0] for match in SRUN_NODE_FAILURE.finditer(srun)]
     return "\n".join(part for part in parts if part)
+
+
+def srun_node_failure(attempt_dir: Path) -> tuple[str, tuple[str, ...]] | None:
+    """(reason, nodes) when srun blamed nodes in the batch script's stderr: the only record of
+    a step that could not start on a node, where no watchdog may have run at all."""
+    return node_failures_in_srun_output(read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES))
 
 
 def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int | None) -> Verdict:

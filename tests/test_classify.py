@@ -276,6 +276,8 @@ def test_a_launcher_that_never_started():
 # constructed one-liners, one per pattern reason, in the wording each pattern was written for
 ONE_LINERS = {
     "slurm_node_failure": "srun: error: Node failure on node2",
+    "srun_step_launch_failed": "srun: error: Task launch for StepId=2937.0 failed on node node2: "
+                               "Communication connection failure",
     "gpu_ecc_error": "RuntimeError: CUDA error: uncorrectable ECC error encountered",
     "slurm_preempted": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO PREEMPTION ***",
     "slurm_requeued": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO JOB REQUEUE ***",

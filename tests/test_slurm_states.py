@@ -1,4 +1,5 @@
-"""sacct job and step states -> outcome, including the traps seen on the local Slurm cluster.
+"""sacct job and step states -> outcome, including the traps seen on the local Slurm cluster, and
+srun's lines that blame a node.
 
 The (job state, exit code, derived exit code, step states) combinations below are the ones recorded
 in ../shared/notes/local-slurm.md for Slurm 22.05 (OOM inside srun, node failure, time limit, scancel).
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.slurm_states import normalize_state, outcome_from_sacct, outcome_from_sacct_row, parse_exit_code
+from sweep.slurm_states import (node_failures_in_srun_output, normalize_state, outcome_from_sacct, outcome_from_sacct_row,
+                                parse_exit_code)
 
 
 @pytest.mark.parametrize("state", ["PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", ""])
@@ -81,3 +83,36 @@ def test_a_sacct_row_with_its_steps():
 def test_a_row_passed_as_the_state_is_refused_with_the_fix():
     with pytest.raises(TypeError, match="outcome_from_sacct_row"):
         outcome_from_sacct({"State": "FAILED"})  # type: ignore[arg-type]
+
+
+# srun's own lines, as printed by the local cluster (a node whose slurmd was killed) and as
+# users pasted them from real clusters (aws/aws-parallelcluster#4179, snakemake/snakemake-executor-plugin-slurm#225)
+LOCAL_LAUNCH_FAILURE = """\
+srun: error: Task launch for StepId=2937.0 failed on node node2: Communication connection failure
+srun: error: Application launch failed: Communication connection failure
+srun: Job step aborted: Waiting up to 7 seconds for job step to finish.
+slurmstepd-node1: error: *** STEP 2937.0 ON node1 CANCELLED AT 2026-11-23T22:53:35 ***
+srun: error: node1: task 0: Killed
+"""
+
+
+def test_a_step_that_could_not_start_on_a_node_blames_that_node():
+    assert node_failures_in_srun_output(LOCAL_LAUNCH_FAILURE) == ("srun_step_launch_failed", ("node2",))
+    timed_out = "".join(f"srun: error: Task launch for StepId=20.0 failed on node compute-st-p4d-{n}: "
+                        "Socket timed out on send/recv operation\n" for n in (41, 33, 41))
+    assert node_failures_in_srun_output(timed_out) == ("srun_step_launch_failed",
+                                                       ("compute-st-p4d-33", "compute-st-p4d-41"))
+    old_format = "srun: error: Task launch for 73706.26 failed on node c002n0032: Communication connection failure"
+    assert node_failures_in_srun_output(old_format) == ("srun_step_launch_failed", ("c002n0032",))
+
+
+def test_a_node_failure_line_names_the_failed_node_first():
+    text = "srun: error: Node failure on gpu07\n" + LOCAL_LAUNCH_FAILURE
+    assert node_failures_in_srun_output(text) == ("srun_node_failure", ("gpu07",))
+
+
+def test_launch_errors_of_the_job_itself_blame_no_node():
+    layout = ("srun: error: Task launch for StepId=125452.4 failed on node gpu3: Unable to layout tasks on given "
+              "cpus\nsrun: error: Application launch failed: Unable to layout tasks on given cpus\n")
+    assert node_failures_in_srun_output(layout) is None
+    assert node_failures_in_srun_output("srun: error: node1: task 0: Exited with exit code 3\n") is None

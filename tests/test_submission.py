@@ -153,6 +153,11 @@ def test_a_cancelled_pending_task_has_no_attempt_and_is_cancelled() -> None:
     assert state.state == "cancelled"
 
 
+def test_without_an_attempt_folder_the_nodes_come_from_slurm_host_list() -> None:
+    view = SlurmView("NODE_FAIL", live=False, exit_code="0:0", nodes="node[1-2],gpu[07,09]")
+    assert run_state("a", TASK, view, None, 1001).nodes == ("node1", "node2", "gpu07", "gpu09")
+
+
 def test_no_word_from_slurm_is_in_flight_at_first_then_lost() -> None:
     assert run_state("a", TASK, None, None, 1001).state == "submitted"
     assert run_state("a", TASK, None, None, 1000 + 3600).state == "lost"

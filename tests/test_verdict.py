@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sweep.verdict import decide, log_text, merge_nodes
+from sweep.verdict import decide, log_text, merge_nodes, srun_node_failure
 
 OOM_LINE = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
             "GPU 3 has a total capacity of 79.10 GiB of which 1.06 GiB is free.")
@@ -95,3 +95,17 @@ def test_log_text_puts_stderr_before_stdout_and_skips_missing_files(tmp_path: Pa
     write_log(tmp_path, 0, "err", "err0")
     write_log(tmp_path, 2, "out", "out2")
     assert log_text(tmp_path, [0, 1, 2]) == "err0\n\nout0\n\nout2\n"
+
+
+def test_srun_blaming_a_node_in_the_batch_stderr_makes_it_a_node_failure(tmp_path: Path) -> None:
+    """A step that could not start on node2: node 0's watchdog got the step's TERM, and only
+    srun's line in job.err (the batch script's stderr) says why. Its other lines stay out."""
+    (tmp_path / "job.err").write_text(
+        "srun: error: Task launch for StepId=2937.0 failed on node node2: Communication connection failure\n"
+        "srun: error: Application launch failed: Communication connection failure\n"
+        "slurmstepd-node1: error: *** STEP 2937.0 ON node1 CANCELLED AT 2026-11-23T22:53:35 ***\n")
+    assert "CANCELLED" not in log_text(tmp_path, [0])
+    own = node_record(0, observed(exit_code=-15, signals=["TERM"], last_step=None))
+    status = merge_nodes(tmp_path, own, {1: None}, 2, None)
+    assert (status["outcome"], status["reason"]) == ("node_fail", "srun_step_launch_failed"), status
+    assert srun_node_failure(tmp_path) == ("srun_step_launch_failed", ("node2",))

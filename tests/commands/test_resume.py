@@ -173,3 +173,56 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["resume", str(out), "--dry-run"]) == 0
     dry = capsys.readouterr().out  # the mbs-4 runs may go back to node2 (the spec keeps the others off it)
     assert f"--exclude={','.join(OTHERS)} " in dry and f"--exclude={','.join(OTHERS)},node2 " not in dry
+
+
+LAUNCH_FAILURE_SPEC = """
+name: {name}
+framework: builtin
+gpu: cpu
+gpus_per_node: 1
+dtype: fp32
+templates_dir: templates
+models: [tiny-4l]
+nodes: [2]
+seq_len: 64
+global_batch: {{sequences: 8}}
+axes: {{tp: [1], pp: [1], mbs: [4], zero_stage: [0], recompute: [none]}}
+run: {{time_limit: "00:02:00", mem: "400M", exclusive: false, exclude: [node3, node4]}}
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_node_that_cannot_start_its_step_is_a_node_failure_blamed_on_that_node(
+        slurm_cluster: None, job_path: None, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """slurmctld still counts node2 as up (for SlurmdTimeout), so the job gets node1 and node2;
+    srun then cannot start the step on node2. Slurm records FAILED 105:0, which reads as a
+    crash: srun's "Task launch ... failed on node node2" line decides."""
+    if os.geteuid() != 0:
+        pytest.skip("killing a node's slurmd needs root (scripts/local-slurm.sh kill-node)")
+    (tmp_path / "templates" / "launch").mkdir(parents=True)
+    (tmp_path / "templates" / "launch" / "builtin.sh.j2").write_text(LAUNCHER)
+    name = f"launch{os.getpid()}"
+    spec, out = tmp_path / "spec.yaml", tmp_path / "sweep"
+    spec.write_text(LAUNCH_FAILURE_SPEC.format(name=name))
+    assert main(["render", str(spec), "--out", str(out)]) == 0
+    local_slurm("kill-node", "node2")
+    try:
+        assert main(["submit", str(out)]) == 0
+        observation = wait_until_settled(out, timeout_s=120)
+    finally:
+        local_slurm("restart-node", "node2")
+        cancel_sweep(name)
+    [state] = observation.states
+    assert (state.state, state.reason.split(":")[0]) == ("node_fail", "srun_step_launch_failed"), state
+    assert [f.nodes for f in observation.failures] == [("node2",)]  # not node1, which was fine
+
+    capsys.readouterr()
+    assert main(["nodes", str(out)]) == 0
+    assert " ".join(capsys.readouterr().out.replace("│", " ").split()).count("node2 1 1 in use") == 1
+    assert main(["collect", str(out)]) == 0
+    import pyarrow.parquet as pq
+
+    [row] = pq.read_table(out / "runs.parquet").to_pylist()
+    assert (row["outcome"], row["reason"].split(":")[0]) == ("node_fail", "srun_step_launch_failed"), row
