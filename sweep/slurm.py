@@ -123,6 +123,24 @@ def parse_sacct(text: str) -> list[AcctEntry]:
     ]
 
 
+# sinfo's long node states (%T) that mean the node itself is at fault; a trailing "*" means
+# "not responding" whatever the state. Flags such as "~" (powered off) or "@" (reboot pending)
+# say nothing about health and are dropped.
+_UNHEALTHY_STATES = frozenset({"down", "drain", "drained", "draining", "fail", "failing"})
+_STATE_FLAGS = "*~#!%$@^-+"
+
+
+def parse_unhealthy_nodes(text: str) -> set[str]:
+    """The nodes of `sinfo -h -N -o '%N|%T'` that are down, drained, failing or not responding."""
+    nodes = set()
+    for line in text.splitlines():
+        name, _, state = line.strip().partition(SEP)
+        if name and state and (state.endswith("*") or state.rstrip(_STATE_FLAGS).lower()
+                               in _UNHEALTHY_STATES):
+            nodes.add(name)
+    return nodes
+
+
 def chunks(items: Sequence[str], size: int = QUERY_CHUNK) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -158,6 +176,10 @@ class Slurm:
 
     def limits(self) -> SlurmLimits:
         return limits_from_config(parse_config(self._call(["scontrol", "show", "config"]).stdout))
+
+    def unhealthy_nodes(self) -> set[str]:
+        """Nodes Slurm now holds down, drained, failing or not responding (one sinfo call)."""
+        return parse_unhealthy_nodes(self._call(["sinfo", "-h", "-N", "-o", f"%N{SEP}%T"]).stdout)
 
     def job_count(self, user: str | None = None) -> int:
         """Jobs slurmctld holds now (every array task counts, and `-t all` adds the finished ones

@@ -355,6 +355,7 @@ class NodeFailure:
     attempt: int | None
     kind: str  # "node_fail" or "nccl"
     nodes: tuple[str, ...]
+    exact: bool = True  # False: Slurm named no node, so these are all the job's nodes
 
 
 def bad_nodes(failures: Iterable[NodeFailure],

@@ -375,7 +375,8 @@ class Tracker:
             return None
         chosen = [n for n in named if n in nodes] or nodes
         return NodeFailure(run_id=state.run_id, attempt=state.attempt, kind=kind,
-                           nodes=tuple(n for n in chosen if n))
+                           nodes=tuple(n for n in chosen if n),
+                           exact=kind != "node_fail" or bool(named) or len(chosen) <= 1)
 
     def _failed_nodes_in_output(self, state: RunState) -> list[str]:
         """The nodes srun blamed in the task's Slurm output (`Node failure on node2`, or a step
@@ -409,15 +410,26 @@ class Tracker:
         previous, recorded = self._read_bad_nodes()
         now = time.time()
         known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in recorded}
-        for failure in failures:
-            key = (failure.run_id, failure.attempt, failure.kind)
-            if key not in known:
-                known[key] = {"run_id": failure.run_id, "attempt": failure.attempt,
-                              "kind": failure.kind, "nodes": list(failure.nodes), "seen_at": now}
+        new = [f for f in failures if (f.run_id, f.attempt, f.kind) not in known]
+        unhealthy = self._unhealthy_nodes() if any(not f.exact for f in new) else set()
+        for failure in new:
+            # A node failure Slurm did not pin on a node (the batch host died with its srun):
+            # the job's nodes that Slurm holds down or unresponsive now, when there are any.
+            suspects = [n for n in failure.nodes if n in unhealthy] if not failure.exact else []
+            known[(failure.run_id, failure.attempt, failure.kind)] = {
+                "run_id": failure.run_id, "attempt": failure.attempt, "kind": failure.kind,
+                "nodes": suspects or list(failure.nodes), "seen_at": now,
+                "blame": "exact" if failure.exact else "sinfo" if suspects else "every node of the job"}
         exclusions = update_exclusions(
             previous, [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
         self._write_bad_nodes(exclusions, list(known.values()))
         return list(exclusions.exclude)
+
+    def _unhealthy_nodes(self) -> set[str]:
+        try:
+            return self.slurm.unhealthy_nodes()
+        except SlurmError:
+            return set()
 
     def _read_bad_nodes(self) -> tuple[NodeExclusions, list[dict[str, Any]]]:
         data = read_json(self.dir / BAD_NODES_FILE) or {}

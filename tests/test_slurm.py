@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from sweep.slurm import (
     parse_config,
     parse_sacct,
     parse_squeue,
+    parse_unhealthy_nodes,
 )
 
 
@@ -121,3 +123,35 @@ def test_sbatch_rejection_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(SlurmError, match="Invalid job array specification"):
         Slurm(runner=failing).submit("x.sh", ["--array=0-9999"])
+
+
+def test_unhealthy_nodes_are_down_drained_failing_or_not_responding() -> None:
+    text = ("gpu01|idle\ngpu02|down*\ngpu03|drained\ngpu04|draining\ngpu05|mixed\ngpu06|allocated*\n"
+            "gpu07|idle~\ngpu08|fail\ngpu09|allocated+\ngpu10|down$\ngpu11|reserved\ngpu02|down*\n")
+    assert parse_unhealthy_nodes(text) == {"gpu02", "gpu03", "gpu04", "gpu06", "gpu08", "gpu10"}
+    assert parse_unhealthy_nodes("") == set()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_live_a_node_whose_slurmd_died_is_unhealthy_until_it_is_back(slurm_cluster: None) -> None:
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("killing a node's slurmd needs root (scripts/local-slurm.sh kill-node)")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm.sh"
+    slurm = Slurm()
+
+    def unhealthy_within(seconds: float, until: Callable[[set[str]], bool]) -> set[str]:
+        deadline = time.monotonic() + seconds  # slurmctld pings within SlurmdTimeout (10 s here)
+        while not until(seen := slurm.unhealthy_nodes()) and time.monotonic() < deadline:
+            time.sleep(1)
+        return seen
+
+    assert unhealthy_within(60, lambda seen: not seen) == set()  # an earlier test's node is back
+    subprocess.run(["bash", str(script), "kill-node", "node3"], check=True, capture_output=True)
+    try:
+        assert unhealthy_within(60, lambda seen: "node3" in seen) == {"node3"}
+    finally:
+        subprocess.run(["bash", str(script), "restart-node", "node3"], check=True, capture_output=True)
+    assert unhealthy_within(60, lambda seen: not seen) == set()
