@@ -23,7 +23,6 @@ METRICS_FILE = "metrics.jsonl"
 LEDGER_FILE = "ledger.jsonl"
 ATTEMPTS_DIR = "attempts"
 SLURM_STDERR_LINK = "job.err"  # in an attempt folder: the batch script's stderr (job.sbatch links it)
-SLURM_STDOUT_LINK = "job.out"
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

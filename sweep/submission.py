@@ -407,11 +407,11 @@ def change_exclusions(previous: NodeExclusions, *, forgive: Iterable[str] = (),
                       exclude: Iterable[str] = (), now: float) -> NodeExclusions:
     """`sweep nodes --forgive/--exclude`: the same outcome as editing `exclude` in bad_nodes.json
     by hand, in one step. A forgiven node's failures so far stop counting against it."""
-    forgive, exclude = set(forgive), set(exclude)
-    listed = sorted((set(previous.exclude) - forgive) | exclude)
+    forgiven = set(forgive)
+    listed = sorted((set(previous.exclude) - forgiven) | set(exclude))
     return NodeExclusions(tuple(listed),
                           {node: previous.excluded_at.get(node, now) for node in listed},
-                          {**previous.forgiven_at, **{node: now for node in sorted(forgive)}})
+                          {**previous.forgiven_at, **{node: now for node in sorted(forgiven)}})
 
 
 @dataclass(frozen=True)
