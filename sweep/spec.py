@@ -207,6 +207,16 @@ class RunSettings(_Strict):
             raise ValueError("paths may use letters, digits and . _ / + ~ - only")
         return value
 
+    @model_validator(mode="after")
+    def _signal_before_the_limit(self) -> RunSettings:
+        if self.signal_before_s >= self.time_limit_s:
+            raise ValueError(
+                f"signal_before_s ({self.signal_before_s} s) must be shorter than time_limit "
+                f"({self.time_limit} = {self.time_limit_s} s), or Slurm signals the job as it "
+                "starts (and it may send the signal up to 60 s early); lower signal_before_s or "
+                "raise time_limit")
+        return self
+
     @property
     def time_limit_s(self) -> int:
         match = TIME_PATTERN.match(self.time_limit)
@@ -285,6 +295,11 @@ class Spec(_Strict):
             raise ValueError(
                 f"global_batch.tokens: {self.global_batch.tokens} is not a multiple of seq_len "
                 f"{self.seq_len}; use a multiple, or give global_batch.sequences")
+        for index, override in enumerate(self.overrides):
+            try:
+                RunSettings.model_validate({**self.run.model_dump(), **override.set})
+            except ValidationError as error:
+                raise ValueError(f"overrides.{index}.set: {_settings_error(error)}") from None
         if self.run.warmup_steps >= self.run.steps:
             raise ValueError(
                 f"run.warmup_steps: must be smaller than run.steps ({self.run.steps}) so that "
@@ -333,12 +348,29 @@ class Spec(_Strict):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def run_settings_for(self, columns: dict[str, Any]) -> RunSettings:
-        """The run settings of one run: the defaults, then each matching override in order."""
+        """The run settings of one run: the defaults, then each matching override in order.
+        Each override alone was checked at load; two that match one run may still clash."""
         settings = self.run
-        for override in self.overrides:
+        matched: list[int] = []
+        for index, override in enumerate(self.overrides):
             if all(_same(columns.get(k), v) for k, v in override.where.items()):
-                settings = RunSettings.model_validate({**settings.model_dump(), **override.set})
+                matched.append(index)
+                try:
+                    settings = RunSettings.model_validate({**settings.model_dump(), **override.set})
+                except ValidationError as error:
+                    raise SpecError("spec", 0, f"overrides{matched}", (
+                        f"together they give runs like {columns.get('model')} on "
+                        f"{columns.get('nodes')} node(s) invalid settings: "
+                        f"{_settings_error(error)}; make them agree")) from None
         return settings
+
+
+def _settings_error(error: ValidationError) -> str:
+    """The first problem of a run settings check, as `field: message`."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def _same(actual: Any, wanted: Any) -> bool:
@@ -381,10 +413,11 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         elif first["type"] == "string_pattern_mismatch":
             message = (f"{first.get('input')!r} has characters that are not allowed here "
                        f"(must match {first['ctx']['pattern']})")
-        located = re.match(r"^([a-z_]+(?:\.[a-z_]+)*): (.*)$", message, re.S)
+        located = re.match(r"^([a-z_]+(?:\.[a-z_0-9]+)*): (.*)$", message, re.S)
         if not loc and located:  # a cross-field check names its field in the message
-            field, message = located.groups()
-            loc = tuple(field.split("."))
+            path, message = located.groups()
+            loc = tuple(int(part) if part.isdigit() else part for part in path.split("."))
+            field = _field_path(loc)
         return_line = _line_of(root, loc)
         raise SpecError(source, return_line, field, message) from None
 

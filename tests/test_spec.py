@@ -60,6 +60,12 @@ def test_spec_hash_ignores_key_order() -> None:
     (MINIMAL + "axes: {recompute: [sometimes]}\n", "axes.recompute[0]", 6, "'none', 'selective' or 'full'"),
     (MINIMAL + "nodez: [1]\n", "nodez", 6, "unknown field"),
     (MINIMAL + "run: {time_limit: soon}\n", "run.time_limit", 6, "HH:MM:SS"),
+    (MINIMAL + "run: {time_limit: '00:02:00'}\n", "run", 6,
+     "signal_before_s (120 s) must be shorter than time_limit (00:02:00 = 120 s)"),
+    (MINIMAL + "overrides:\n  - where: {tp: 2}\n    set: {time_limit: soon}\n", "overrides[0].set", 8,
+     "time_limit: use Slurm's format"),
+    (MINIMAL + "overrides:\n  - where: {tp: 2}\n    set: {partiton: gpu}\n", "overrides[0].set", 8,
+     "partiton: Extra inputs are not permitted"),
 ])
 def test_bad_specs_are_located(text: str, field: str, line: int, fragment: str) -> None:
     error = error_of(text)
@@ -105,6 +111,17 @@ def test_overrides_change_run_settings_for_matching_runs_only() -> None:
     spec = parse_spec(MINIMAL + "overrides:\n  - where: {mbs: 8}\n    set: {rank_memory_limit_mb: 500}\n")
     assert spec.run_settings_for({"mbs": 8}).rank_memory_limit_mb == 500
     assert spec.run_settings_for({"mbs": 4}).rank_memory_limit_mb is None
+
+
+def test_two_overrides_that_clash_on_one_run_are_a_spec_error_naming_both() -> None:
+    spec = parse_spec(MINIMAL + "overrides:\n  - where: {mbs: 8}\n    set: {time_limit: '00:05:00'}\n"
+                                "  - where: {tp: 2}\n    set: {signal_before_s: 400}\n")
+    assert spec.run_settings_for({"mbs": 8, "tp": 1}).time_limit == "00:05:00"
+    assert spec.run_settings_for({"mbs": 4, "tp": 2}).signal_before_s == 400
+    with pytest.raises(SpecError) as caught:
+        spec.run_settings_for({"model": "playbook-1b", "nodes": 2, "mbs": 8, "tp": 2})
+    assert caught.value.field == "overrides[0, 1]"
+    assert "signal_before_s (400 s) must be shorter than time_limit (00:05:00 = 300 s)" in caught.value.message
 
 
 def test_unreadable_file_and_bad_yaml(tmp_path: Path) -> None:

@@ -187,7 +187,7 @@ nodes: [2]
 seq_len: 64
 global_batch: {{sequences: 8}}
 axes: {{tp: [1], pp: [1], mbs: [4], zero_stage: [0], recompute: [none]}}
-run: {{time_limit: "00:02:00", mem: "400M", exclusive: false, exclude: [node3, node4]}}
+run: {{time_limit: "00:02:00", signal_before_s: 30, mem: "400M", exclusive: false, exclude: [node3, node4]}}
 """
 
 
