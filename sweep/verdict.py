@@ -35,15 +35,20 @@ def log_text(attempt_dir: Path, nodes: list[int]) -> str:
     for k in nodes:
         for stream in ("err", "out"):
             parts.append(read_tail(attempt_dir / LOGS_DIR / f"node{k}.{stream}", LOG_TAIL_BYTES))
-    srun = read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES)
-    parts += [match[0] for match in SRUN_NODE_FAILURE.finditer(srun)]
+    parts += srun_blame_lines(attempt_dir)
     return "\n".join(part for part in parts if part)
+
+
+def srun_blame_lines(attempt_dir: Path) -> list[str]:
+    """srun's lines in the batch script's stderr that blame a node (and nothing else of it)."""
+    srun = read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES)
+    return [match[0] for match in SRUN_NODE_FAILURE.finditer(srun)]
 
 
 def srun_node_failure(attempt_dir: Path) -> tuple[str, tuple[str, ...]] | None:
     """(reason, nodes) when srun blamed nodes in the batch script's stderr: the only record of
     a step that could not start on a node, where no watchdog may have run at all."""
-    return node_failures_in_srun_output(read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES))
+    return node_failures_in_srun_output("\n".join(srun_blame_lines(attempt_dir)))
 
 
 def decide(observed: dict[int, dict[str, Any]], text: str, expected_steps: int | None) -> Verdict:

@@ -191,6 +191,30 @@ def test_node_files_decide_when_status_json_is_missing(tmp_path) -> None:
     assert row["evidence"] == ["torch.OutOfMemoryError: CUDA out of memory."]
 
 
+LAUNCH_FAILED = "srun: error: Task launch for StepId=3131.0 failed on node node2: Communication connection failure"
+
+
+def test_srun_blaming_a_node_beats_what_a_lone_watchdog_and_sacct_concluded(tmp_path) -> None:
+    """As recorded on the local cluster: the step could not start on node2, node1's watchdog
+    got the batch shell's USR1 and wrote only its own file, and sacct says FAILED 105:0."""
+    run_dir = write_run(tmp_path, make_config())
+    attempt = write_attempt(run_dir, 1, times=[], env={"slurm_job_id": "3131"})
+    atomic_write_json(attempt / "node0.json", {"outcome": "timeout", "reason": "time_limit_signal",
+                                               "hostname": "vm", "evidence": ["USR1"]})
+    (attempt / "job.err").write_text(
+        f"{LAUNCH_FAILED}\nsrun: error: Application launch failed: Communication connection failure\n"
+        "slurmstepd-node1: error: *** STEP 3131.0 ON node1 CANCELLED AT 2026-11-23T23:27:42 ***\n")
+    accounting = [{"JobID": "3131", "State": "FAILED", "ExitCode": "105:0", "DerivedExitCode": "0:105"},
+                  {"JobID": "3131.0", "State": "CANCELLED by 0", "ExitCode": "0:105"}]
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert (row["outcome"], row["reason"], row["status_source"]) == (
+        "node_fail", "srun_step_launch_failed: node2", "srun")
+    assert row["evidence"] == [LAUNCH_FAILED] and row["hostname"] == "vm"
+    (attempt / "node0.json").unlink()  # no watchdog left a word at all: the same verdict
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert (row["outcome"], row["status_source"]) == ("node_fail", "srun")
+
+
 def test_collect_is_incremental_and_idempotent(tmp_path) -> None:
     configs = [make_config(dp=8), make_config(dp=4, mbs=2), make_config(dp=2, mbs=4)]
     attempts = []
