@@ -27,7 +27,7 @@ from sweep.rows import (config_columns, dense_peak, env_job_id, mfu_columns, pro
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
 from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
-from sweep.verdict import srun_blame_lines, srun_node_failure
+from sweep.verdict import SRUN_BLAME_SETTLED, srun_blame_lines, srun_node_failure
 
 RUNS_FILE = "runs.parquet"
 ENV_FILE = "env.json"
@@ -166,15 +166,16 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
         row["status_source"] = "node-files" if status else "none"
         if status:
             issues.append("status.json missing: verdict taken from the node files")
-        if (blamed := srun_node_failure(attempt_dir)) is not None:
-            # No merged verdict, and srun lost a node or could not start the step on one: that
-            # is the cause, whatever a surviving watchdog concluded alone (and sacct reads a
-            # failed step launch as a crash). `sweep status` decides the same way.
-            status = {**(status or {}), "outcome": "node_fail", "rule": "slurm_node_failure",
-                      "reason": f"{blamed[0]}: {','.join(blamed[1])}",
-                      "evidence": srun_blame_lines(attempt_dir)}
-            row["status_source"] = "srun"
     status = status or {}
+    if status.get("outcome") not in SRUN_BLAME_SETTLED \
+            and (blamed := srun_node_failure(attempt_dir)) is not None:
+        # srun lost a node or could not start the step on one: that is the cause, whatever a
+        # watchdog concluded before the line was written (and sacct reads a failed step launch
+        # as a crash). `sweep status` decides the same way.
+        status = {**status, "outcome": "node_fail", "rule": "slurm_node_failure",
+                  "reason": f"{blamed[0]}: {','.join(blamed[1])}",
+                  "evidence": srun_blame_lines(attempt_dir)}
+        row["status_source"] = "srun"
     # An array task is `<array>_<task>` in sacct, while its status.json has the task's own id.
     job_id = env_job_id(env) if env.get("slurm_array") else \
         (_first(status, "slurm_job_id") or env_job_id(env))

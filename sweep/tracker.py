@@ -25,7 +25,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -43,7 +43,7 @@ from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusion
                               TaskRef, array_option, batch_in, change_exclusions, expand_task_ids,
                               job_comment, latest_tasks, node_records, plan_batches, reconcile,
                               run_state, shape_of, shape_options, submissions, update_exclusions)
-from sweep.verdict import LOG_TAIL_BYTES, srun_node_failure
+from sweep.verdict import LOG_TAIL_BYTES, SRUN_BLAME_SETTLED, srun_node_failure
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
@@ -463,20 +463,19 @@ def read_json_safe(path: Path) -> dict[str, Any] | None:
 
 
 def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:
-    if not status:  # no watchdog verdict: srun may still have said which node let the step down
-        blamed = srun_node_failure(folder)
-        if blamed is None:
-            return AttemptView(number=int(folder.name), outcome=None)
-        reason, nodes = blamed
-        return AttemptView(number=int(folder.name), outcome="node_fail",
-                           reason=f"{reason}: {','.join(nodes)}", nodes=nodes)
+    status = status or {}
     elapsed = None
     start, end = status.get("started_at"), status.get("ended_at")
     if isinstance(start, (int, float)) and isinstance(end, (int, float)):
         elapsed = float(end - start)
-    return AttemptView(number=int(folder.name), outcome=status.get("outcome"),
+    view = AttemptView(number=int(folder.name), outcome=status.get("outcome"),
                        reason=str(status.get("reason") or ""), elapsed_s=elapsed,
                        nodes=tuple(str(n) for n in status.get("nodes") or () if n))
+    blamed = srun_node_failure(folder) if view.outcome not in SRUN_BLAME_SETTLED else None
+    if blamed is None:
+        return view
+    return replace(view, outcome="node_fail", reason=f"{blamed[0]}: {','.join(blamed[1])}",
+                   nodes=blamed[1])
 
 
 def _task_ids(job_id: str) -> list[str]:

@@ -39,6 +39,13 @@ def log_text(attempt_dir: Path, nodes: list[int]) -> str:
     return "\n".join(part for part in parts if part)
 
 
+# Verdicts that srun's blame of a node cannot change: the run finished, or a node failure is
+# already the verdict. Any other verdict (a watchdog that saw only a signal, a crash, no verdict
+# at all) yields to it, as the classifier's first rule would have, had the line been written
+# before the watchdog decided.
+SRUN_BLAME_SETTLED = frozenset({"completed", "node_fail"})
+
+
 def srun_blame_lines(attempt_dir: Path) -> list[str]:
     """srun's lines in the batch script's stderr that blame a node (and nothing else of it)."""
     srun = read_tail(attempt_dir / SLURM_STDERR_LINK, LOG_TAIL_BYTES)

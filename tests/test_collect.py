@@ -213,6 +213,14 @@ def test_srun_blaming_a_node_beats_what_a_lone_watchdog_and_sacct_concluded(tmp_
     (attempt / "node0.json").unlink()  # no watchdog left a word at all: the same verdict
     (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
     assert (row["outcome"], row["status_source"]) == ("node_fail", "srun")
+    # a merged verdict written before srun's line (a signal srun did not send) yields too ...
+    atomic_write_json(attempt / "status.json", {"outcome": "cancelled", "reason": "sigterm_received"})
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert (row["outcome"], row["status_source"]) == ("node_fail", "srun")
+    # ... but a run that completed stays completed
+    atomic_write_json(attempt / "status.json", completed_status(row["run_id"]))
+    (row,) = collect_sweep(tmp_path, accounting=accounting).table.to_pylist()
+    assert (row["outcome"], row["status_source"]) == ("completed", "status.json")
 
 
 def test_collect_is_incremental_and_idempotent(tmp_path) -> None:
