@@ -26,8 +26,9 @@ from sweep.rows import (config_columns, dense_peak, env_job_id, mfu_columns, pro
                         steady_state)
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
+from sweep.slurm_states import node_failures_in_srun_output
 from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
-from sweep.verdict import SRUN_BLAME_SETTLED, srun_blame_lines, srun_node_failure
+from sweep.verdict import SRUN_BLAME_SETTLED, srun_blame_lines
 
 RUNS_FILE = "runs.parquet"
 ENV_FILE = "env.json"
@@ -167,14 +168,13 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
         if status:
             issues.append("status.json missing: verdict taken from the node files")
     status = status or {}
-    if status.get("outcome") not in SRUN_BLAME_SETTLED \
-            and (blamed := srun_node_failure(attempt_dir)) is not None:
+    blame = srun_blame_lines(attempt_dir) if status.get("outcome") not in SRUN_BLAME_SETTLED else []
+    if (blamed := node_failures_in_srun_output("\n".join(blame))) is not None:
         # srun lost a node or could not start the step on one: that is the cause, whatever a
         # watchdog concluded before the line was written (and sacct reads a failed step launch
         # as a crash). `sweep status` decides the same way.
         status = {**status, "outcome": "node_fail", "rule": "slurm_node_failure",
-                  "reason": f"{blamed[0]}: {','.join(blamed[1])}",
-                  "evidence": srun_blame_lines(attempt_dir)}
+                  "reason": f"{blamed[0]}: {','.join(blamed[1])}", "evidence": blame}
         row["status_source"] = "srun"
     # An array task is `<array>_<task>` in sacct, while its status.json has the task's own id.
     job_id = env_job_id(env) if env.get("slurm_array") else \

@@ -393,23 +393,25 @@ class Tracker:
 
     def nodes(self) -> list[NodeRecord]:
         """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
-        exclusions, failures = self._read_bad_nodes()
-        return node_records(exclusions, [(_node_failure_of(f), _seen_at(f)) for f in failures])
+        data = self._read_bad_nodes()
+        return node_records(_exclusions_of(data),
+                            [(_node_failure_of(f), _seen_at(f)) for f in data.get("failures") or []])
 
     def change_exclusions(self, *, forgive: Sequence[str] = (),
                           exclude: Sequence[str] = ()) -> NodeExclusions:
         """Forgive nodes (back into use; their failures so far stop counting) or exclude them."""
         with self.lock():
-            previous, failures = self._read_bad_nodes()
-            changed = change_exclusions(previous, forgive=forgive, exclude=exclude, now=time.time())
-            self._write_bad_nodes(changed, failures)
+            data = self._read_bad_nodes()
+            changed = change_exclusions(_exclusions_of(data), forgive=forgive, exclude=exclude,
+                                        now=time.time())
+            self._write_bad_nodes(data, changed, list(data.get("failures") or []))
         return changed
 
     def _update_bad_nodes(self, failures: Sequence[NodeFailure]) -> list[str]:
         """Merge newly seen failures into bad_nodes.json; returns the exclude list."""
-        previous, recorded = self._read_bad_nodes()
+        data = self._read_bad_nodes()
         now = time.time()
-        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in recorded}
+        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures") or []}
         new = [f for f in failures if (f.run_id, f.attempt, f.kind) not in known]
         unhealthy = self._unhealthy_nodes() if any(not f.exact for f in new) else set()
         for failure in new:
@@ -421,8 +423,8 @@ class Tracker:
                 "nodes": suspects or list(failure.nodes), "seen_at": now,
                 "blame": "exact" if failure.exact else "sinfo" if suspects else "every node of the job"}
         exclusions = update_exclusions(
-            previous, [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
-        self._write_bad_nodes(exclusions, list(known.values()))
+            _exclusions_of(data), [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
+        self._write_bad_nodes(data, exclusions, list(known.values()))
         return list(exclusions.exclude)
 
     def _unhealthy_nodes(self) -> set[str]:
@@ -431,18 +433,21 @@ class Tracker:
         except SlurmError:
             return set()
 
-    def _read_bad_nodes(self) -> tuple[NodeExclusions, list[dict[str, Any]]]:
-        data = read_json(self.dir / BAD_NODES_FILE) or {}
-        exclusions = NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
-                                    data.get("forgiven_at") or {})
-        return exclusions, list(data.get("failures") or [])
+    def _read_bad_nodes(self) -> dict[str, Any]:
+        return read_json(self.dir / BAD_NODES_FILE) or {}
 
-    def _write_bad_nodes(self, exclusions: NodeExclusions, failures: list[dict[str, Any]]) -> None:
-        path = self.dir / BAD_NODES_FILE
+    def _write_bad_nodes(self, before: dict[str, Any], exclusions: NodeExclusions,
+                         failures: list[dict[str, Any]]) -> None:
+        """Write bad_nodes.json, unless it would stay as `before` (what was read from it)."""
         updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
                    "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
-        if updated != (read_json(path) or {}):
-            atomic_write_json(path, updated)
+        if updated != before:
+            atomic_write_json(self.dir / BAD_NODES_FILE, updated)
+
+
+def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
+    return NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
+                          data.get("forgiven_at") or {})
 
 
 def _node_failure_of(record: dict[str, Any]) -> NodeFailure:

@@ -153,8 +153,8 @@ def launch(rdzv: Rendezvous, rank_main: Callable[[], int], *, grace_s: float = 1
                     _become_rank(env, rank_main, launcher_pid, mask)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            ranks.append(_Rank(local_rank, int(env["RANK"]), pid, pidfd=-1))
-            ranks[-1].pidfd = os.pidfd_open(pid)
+            ranks.append(_Rank(local_rank, int(env["RANK"]), pid, pidfd=-1))  # tracked first: if
+            ranks[-1].pidfd = os.pidfd_open(pid)  # pidfd_open fails, the handler below still kills it
     except OSError:  # out of processes or file descriptors: no rank may outlive the launcher
         _signal_all(ranks, signal.SIGKILL)
         for rank in ranks:

@@ -36,17 +36,19 @@ case "${FAULT:-sleep}" in
 esac
 """
 OTHERS = ["node1", "node3", "node4"]
-SPEC = f"""
-name: {{name}}
+# One CPU rank per node, the test launcher above: the part every spec of this file shares.
+SWEEP = """
+name: {name}
 framework: builtin
 gpu: cpu
 gpus_per_node: 1
 dtype: fp32
 templates_dir: templates
 models: [tiny-4l]
-nodes: [1]
 seq_len: 64
-global_batch: {{{{sequences: 8}}}}
+global_batch: {{sequences: 8}}
+"""
+SPEC = SWEEP + f"""nodes: [1]
 axes: {{{{mbs: [1, 2, 4], zero_stage: [0, 1], recompute: [none]}}}}
 run:
   time_limit: "00:05:00"
@@ -175,17 +177,7 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert f"--exclude={','.join(OTHERS)} " in dry and f"--exclude={','.join(OTHERS)},node2 " not in dry
 
 
-LAUNCH_FAILURE_SPEC = """
-name: {name}
-framework: builtin
-gpu: cpu
-gpus_per_node: 1
-dtype: fp32
-templates_dir: templates
-models: [tiny-4l]
-nodes: [2]
-seq_len: 64
-global_batch: {{sequences: 8}}
+LAUNCH_FAILURE_SPEC = SWEEP + """nodes: [2]
 axes: {{tp: [1], pp: [1], mbs: [4], zero_stage: [0], recompute: [none]}}
 run: {{time_limit: "00:02:00", signal_before_s: 30, mem: "400M", exclusive: false, exclude: [node3, node4]}}
 """
