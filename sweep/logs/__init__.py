@@ -1,4 +1,5 @@
-"""One parser per framework: log lines -> step metrics (see sweep/logs/base.py for the records).
+"""Log parsing: the records every framework parser returns (`sweep.logs.base`), and the parser
+of each framework, which lives in its adapter (`sweep/frameworks/<name>/parser.py`).
 
 `get_parser(framework)` is what the watchdog (progress) and collect (metrics) call.
 """
@@ -6,29 +7,15 @@
 from __future__ import annotations
 
 from sweep.logs.base import LogParseError, LogParser, MemorySample, ParsedLog, StepRecord
-from sweep.logs.builtin import BuiltinParser
-from sweep.logs.megatron import MegatronParser
-from sweep.logs.nanotron import NanotronParser
-from sweep.logs.torchtitan import TorchtitanParser
-
-FRAMEWORKS: dict[str, type[LogParser]] = {
-    "builtin": BuiltinParser,
-    "megatron": MegatronParser,
-    "nanotron": NanotronParser,
-    "torchtitan": TorchtitanParser,
-}
 
 
 def get_parser(framework: str) -> LogParser:
-    try:
-        return FRAMEWORKS[framework]()
-    except KeyError:
-        known = ", ".join(sorted(FRAMEWORKS))
-        raise ValueError(f"no log parser for framework {framework!r}; known frameworks: {known}") from None
+    from sweep.frameworks import get_adapter
+
+    return get_adapter(framework).parser()
 
 
 __all__ = [
-    "FRAMEWORKS",
     "LogParseError",
     "LogParser",
     "MemorySample",

@@ -13,7 +13,7 @@ import pytest
 
 from sweep.logs import LogParseError, get_parser
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 MIB = 2**20
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from sweep.logs import get_parser
-from sweep.logs.nanotron import human_number
+from sweep.frameworks.nanotron.parser import human_number
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 MIB = 2**20
 
 

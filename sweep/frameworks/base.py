@@ -1,0 +1,122 @@
+"""What a framework adapter is: everything llm-sweep knows about one training framework.
+
+An adapter is one folder, `sweep/frameworks/<name>/`, whose `__init__.py` exports `ADAPTER`, a
+`FrameworkAdapter`. It names, in one place a person can read:
+
+- the launch templates (`templates/launch/<name>.*.j2`, overridable by the user file by file);
+- the log parser (`parser.py`), which reads the framework's own step and memory lines;
+- the memory profile (`sweep.memory_profiles.PROFILES[<name>]`) and the FLOPs convention it logs;
+- the capability table (`capabilities.py`): each configuration the framework cannot run as
+  labelled, as a vectorised rule with the framework's own reason and where in its source it is;
+- the versions it renders for, and how a job finds the version it is about to run.
+
+The planner prunes what a capability rule rejects (`pruned:framework`, with the rule and the
+reason in `prune_detail`), so no run is ever rendered as something other than its label.
+
+Pure: no I/O. (Finding the installed version reads files; that is `sweep.frameworks.versions`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+
+from sweep.logs.base import LogParser
+from sweep.model import ModelShape
+
+Columns = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class CapabilityContext:
+    """What a capability rule may look at besides the candidate columns.
+
+    The columns are those of `sweep.space`: dp, tp, pp, cp, ep, mbs, grad_acc, zero_stage,
+    vpp, nodes, gpus (int64), sp (bool), recompute ("none" | "selective" | "full") and
+    pp_schedule ("1f1b" | "gpipe" | "interleaved_1f1b"), one entry per candidate.
+    """
+
+    model: ModelShape
+    dtype: str
+    seq_len: int
+    gpus_per_node: int
+    global_batch_sequences: int
+    framework_version: str  # a key of the adapter's `versions`
+
+
+@dataclass(frozen=True)
+class CapabilityRule:
+    """One thing the framework cannot run as labelled.
+
+    `fails(columns, ctx)` is a boolean mask over the candidates: True where the framework would
+    reject the configuration, or run something other than what its row says. `reason` quotes or
+    paraphrases the framework and `source` says where (file and commit), so a user can check it.
+    """
+
+    name: str
+    reason: str
+    source: str
+    fails: Callable[[Columns, CapabilityContext], np.ndarray]
+
+    def detail(self) -> str:
+        return f"{self.name}: {self.reason} ({self.source})"
+
+
+@dataclass(frozen=True)
+class SupportedVersion:
+    """A version of the framework that we render for and test against.
+
+    `key` is what a spec's `run.framework_version` names. `description` says which releases or
+    commits it covers; `tested_with` lists the exact versions the contract tests use.
+    """
+
+    key: str
+    description: str
+    tested_with: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FrameworkAdapter:
+    name: str
+    description: str
+    parser: Callable[[], LogParser]
+    flops_convention: str  # the convention of the MFU/TFLOP/s the framework itself logs
+    versions: tuple[SupportedVersion, ...]
+    default_version: str
+    capabilities: tuple[CapabilityRule, ...] = ()
+    zero_stages: tuple[int, ...] = (0, 1)
+    # The command a job runs to find the framework's version: see sweep.frameworks.versions.
+    entry_point: str = ""  # the file in a checkout that the launcher runs (checked by preflight)
+    checkout_env: str = ""  # the environment variable that points the launcher at a checkout
+    notes: tuple[str, ...] = field(default=())
+
+    def version(self, key: str | None) -> SupportedVersion:
+        wanted = key or self.default_version
+        for version in self.versions:
+            if version.key == wanted:
+                return version
+        known = ", ".join(v.key for v in self.versions)
+        raise ValueError(f"{self.name} has no supported version {wanted!r}; supported: {known}")
+
+    def capability_failures(self, columns: Columns,
+                            ctx: CapabilityContext) -> tuple[np.ndarray, np.ndarray]:
+        """(failed, rule index): which candidates a capability rule rejects, and the first rule
+        each fails (-1 where none does)."""
+        n = len(columns["tp"])
+        first = np.full(n, -1, dtype=np.int16)
+        for index, rule in enumerate(self.capabilities):
+            mask = np.asarray(rule.fails(columns, ctx), dtype=bool)
+            if mask.shape != (n,):
+                mask = np.broadcast_to(mask, (n,))
+            first[(first == -1) & mask] = index
+        return first >= 0, first
+
+
+NO_RULE: Final = -1
+
+
+def never(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    return np.zeros(len(columns["tp"]), bool)
