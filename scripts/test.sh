@@ -20,6 +20,12 @@ if ! command -v shellcheck >/dev/null 2>&1; then
   fi
 fi
 
+# The frameworks' own parsers and validators, pinned, for the contract tests (-m contract):
+# each script installs one framework's versions under .contract/ (idempotent).
+for script in scripts/contract/*.sh; do
+  [[ -e $script ]] && bash "$script"
+done
+
 if [[ "${SWEEP_NO_SLURM:-0}" != 1 ]]; then
   bash scripts/local-slurm.sh start
   export SWEEP_REQUIRE_SLURM=1

@@ -169,6 +169,19 @@ class RunSettings(_Strict):
     rank_memory_limit_mb: PositiveInt | None = None  # RLIMIT_AS per rank (CPU OOM demo and tests)
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = {}
     framework_dir: str | None = None  # checkout of Megatron-LM / nanotron / torchtitan
+    # The framework version to render for (a key of the adapter's supported versions; default:
+    # the adapter's default). The job refuses to start on a version this key does not cover.
+    framework_version: str | None = None
+    # Throughput settings a practitioner would use for a benchmark (README: "Framework options"):
+    # Megatron: --overlap-grad-reduce, and --overlap-param-gather with the distributed optimizer.
+    overlap_communication: bool = True
+    tp_comm_overlap: bool = False  # Megatron + Transformer Engine userbuffers (--tp-comm-overlap)
+    compile: bool = False  # torchtitan: torch.compile the model (--compile.enable)
+    # Cluster environment: shell lines run before launch (module load, source venv/bin/activate),
+    # shown verbatim in job.sbatch; and a pyxis/enroot container for the ranks.
+    setup: list[str] = []
+    container_image: str | None = None
+    container_mounts: list[str] = []
     python: str = "python3"
     seed: Annotated[int, Field(ge=0)] = 1234
     early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.steady)
