@@ -8,7 +8,7 @@
 2. Throughput model: median |error| of predicted tokens/s/GPU over completed runs, in sample and
    held out (fit on 1B → score 8B, and the reverse), overall and by node count. Target ≤ 15 %.
 
-The held-out 3B and 80B runs named by the issue are not in ../shared/refdata, so they are not
+The held-out 3B and 80B runs named by the issue are not in the reference data (SWEEP_REFDATA), so they are not
 checked here. The last line holds the headline figures as key=value pairs.
 
     python benchmarks/sweep_economy.py
@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.refdata import refdata_dir
 from sweep.calibrate import fit, relative_errors, workloads_for
 from sweep.economy import Params, replay_table, score, search
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients
 
 REPO = Path(__file__).resolve().parents[1]
-REFDATA = REPO.parent / "shared" / "refdata"
+REFDATA = refdata_dir()
 LABELS = {"1B": "playbook-1b", "8B": "playbook-8b"}
 
 

@@ -1,6 +1,6 @@
 """The Ultra-Scale Playbook's published runs → runs.parquet rows, so the analysis runs on real data.
 
-Two published formats are read (see ../shared/refdata/README.md):
+Two published formats are read (see $SWEEP_REFDATA/README.md):
 - the charts' runs table (`playbook_runs_*.csv`: model_label, status success/failed, mfu_pct, …);
 - the sweep's own results table (`playbook_bench_full_*.csv`: job_id, name, status
   Success/OOM/Other, `Mem Alloc (GB)`, `Mem Res (GB)`, …), which tells OOM from other failures.
@@ -58,7 +58,7 @@ def import_playbook(path: str | Path) -> list[dict[str, Any]]:
     else:
         raise PlaybookFormatError(f"{path}: neither the playbook runs format (a `model_label` column) nor "
                            "its results-table format (`job_id` and `name` columns); pass a file "
-                           "shaped like ../shared/refdata/playbook_runs_1B_8B.csv")
+                           "shaped like $SWEEP_REFDATA/playbook_runs_1B_8B.csv")
     rows = [convert(record, path, line) for line, record in enumerate(frame.to_dict("records"), 2)]
     seen: dict[str, int] = {}
     for row in rows:  # a repeated configuration is another attempt of the same run

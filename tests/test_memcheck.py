@@ -1,6 +1,6 @@
 """memory-check: the planner and the memory model judged against the playbook's real 1B/8B runs.
 
-The reference files are read from ../shared/refdata (conftest's `refdata` fixture), never copied.
+The reference files are read from $SWEEP_REFDATA (conftest's `refdata` fixture), never copied.
 The thresholds are the issue's targets for the public runs.
 """
 

@@ -1,6 +1,6 @@
 """The memory model: its mechanisms, its two code paths, and its accuracy against real runs.
 
-Reference data (../shared/refdata, never edited) is read through conftest's REFDATA path.
+Reference data ($SWEEP_REFDATA, never edited) is read through conftest's REFDATA path.
 """
 
 from __future__ import annotations

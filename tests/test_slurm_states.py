@@ -2,7 +2,7 @@
 srun's lines that blame a node.
 
 The (job state, exit code, derived exit code, step states) combinations below are the ones recorded
-in ../shared/notes/local-slurm.md for Slurm 22.05 (OOM inside srun, node failure, time limit, scancel).
+in measurements on the local cluster for Slurm 22.05 (OOM inside srun, node failure, time limit, scancel).
 """
 
 from __future__ import annotations

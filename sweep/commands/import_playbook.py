@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.csv.is_file():
         raise UserError(f"{args.csv}: no such file; pass a playbook CSV such as "
-                        "../shared/refdata/playbook_runs_1B_8B.csv")
+                        "$SWEEP_REFDATA/playbook_runs_1B_8B.csv")
     try:
         rows = import_playbook(args.csv)
     except PlaybookFormatError as error:

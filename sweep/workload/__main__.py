@@ -3,7 +3,7 @@
 Runs as one rank: alone, or under torchrun. With --nproc-per-node it is the launcher instead
 (sweep.workload.launch): it forks that many ranks on this node, which is how job.sbatch starts
 it. Exit: results are written before tear-down, then the process leaves with os._exit so that
-no C++ thread can abort it during interpreter finalisation (../shared/notes/torch-cpu.md §9e).
+no C++ thread can abort it during interpreter finalisation (PyTorch-on-CPU measurements (torch 2.13) §9e).
 Any failure prints the exception and exits non-zero: 2 for a run.json or launcher option the
 workload cannot run, 1 for everything else. An out-of-memory error also prints one line the
 watchdog recognises: `sweep.workload: rank <r>: CPU out of memory: <allocator message>`

@@ -8,7 +8,7 @@
   Library pages are left out because how many of them a rank faults in after its baseline
   depends on how it was started (a forked rank inherits none, an exec'd one touched many while
   importing), not on the configuration. Anonymous RSS still includes allocator slack, so compare
-  it only between runs of the same configuration (../shared/notes/torch-cpu.md §8).
+  it only between runs of the same configuration (PyTorch-on-CPU measurements (torch 2.13) §8).
 - The cap (`settings.rank_memory_limit_mb`) bounds the growth of the address space over the same
   baseline with RLIMIT_AS on CPU, and the CUDA caching allocator's share on GPU. Exceeding it
   raises the allocator's own error; `oom_message` recognises it.

@@ -7,7 +7,7 @@ does not own and keeps the others' names. A stage without the embedding takes hi
 a stage without the output layer hands hidden states on.
 
 Context parallelism on CPU uses the all-gather-K/V fallback in `Attention` (see
-../shared/notes/torch-cpu.md: `context_parallel()` has no CPU SDPA sharding strategy).
+PyTorch-on-CPU measurements (torch 2.13): `context_parallel()` has no CPU SDPA sharding strategy).
 """
 
 from __future__ import annotations

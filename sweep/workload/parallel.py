@@ -35,7 +35,7 @@ from sweep.workload.model import ContextParallel, Transformer
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 
-# AdamW settings of the benchmark (../shared/notes/torch-cpu.md: lr 3e-3, wd 0.1).
+# AdamW settings of the benchmark (PyTorch-on-CPU measurements (torch 2.13): lr 3e-3, wd 0.1).
 LR = 3e-3
 WEIGHT_DECAY = 0.1
 
