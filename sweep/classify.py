@@ -86,6 +86,7 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("gpu_hardware_error", "node_fail", "gpu_ecc_error", r"uncorrectable ECC error|cudaErrorECCUncorrectable"),
     _p("slurm_preemption", "preempted", "slurm_preempted", r"DUE TO PREEMPTION|this job is preempted"),
     _p("slurm_preemption", "preempted", "slurm_requeued", r"DUE TO JOB REQUEUE"),
+    _p("launch_refused", "crashed", "launch_refused", r"llm-sweep: cannot launch: "),
     _p("illegal_memory_access", "crashed", "illegal_memory_access",
        r"an illegal memory access was encountered|cudaErrorIllegalAddress"),
     _p("cuda_oom", "oom", "cuda_oom", r"CUDA out of memory|OutOfMemoryError|HIP out of memory"),
@@ -118,7 +119,7 @@ PATTERNS: tuple[_Pattern, ...] = (
 # A line is tried against the patterns only when it holds one of these words: plain substring
 # tests cost little, and almost every line of a training log holds none of them.
 _KEYWORDS = (
-    "DUE TO", "Node failure", "Task launch", "ECC", "preempted", "illegal memory access", "IllegalAddress", "out of memory",
+    "cannot launch", "DUE TO", "Node failure", "Task launch", "ECC", "preempted", "illegal memory access", "IllegalAddress", "out of memory",
     "OutOfMemory", "ALLOC_FAILED", "DefaultCPUAllocator", "MemoryError", "Cannot allocate", "oom", "Out Of Memory",
     "Killed process", "memory limit", "Watchdog caught", "Timed out waiting", "pair closure", "CANCELLED", "SIGSEGV",
     "Segmentation fault", "signal 11", "exitcode", "NCCL", "nccl", "CUDA error", "CUDAError", "CUDA_ERROR",
@@ -385,6 +386,9 @@ RULES: tuple[Rule, ...] = (
     Rule("slurm_preemption", "preempted", "preempted or requeued by Slurm",
          _log_or_sacct("slurm_preemption", "preempted")),
     Rule("launch_failed", "crashed", "the watchdog could not start the launcher", _launch_failed),
+    Rule("launch_refused", "crashed", "the launcher refused to start: the framework is not the version the run "
+         "was rendered for, or its checkout is missing (`llm-sweep: cannot launch:` line)",
+         _from_log("launch_refused")),
     Rule("steady_state", "completed", "the watchdog ended the run early: the CV of its last step times was under "
          "run.early_stop.max_cv (errors its own SIGTERM causes do not count)", _steady_state),
     Rule("clean_exit", "completed", "every node exited 0 (and sacct, if any, agrees; the step budget was reached)",

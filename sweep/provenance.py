@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,20 @@ def gpu_inventory() -> list[str] | None:
     return [line.strip() for line in done.stdout.splitlines() if line.strip()] or None
 
 
+def detected_framework(framework: str | None, framework_dir: str | None) -> dict[str, Any] | None:
+    """The framework version this job will run, as its adapter finds it (never raises)."""
+    if not framework:
+        return None
+    from sweep.frameworks.versions import detect
+
+    try:
+        return asdict(detect(framework, framework_dir))
+    except ValueError as error:  # an unknown framework name
+        return {"found": "unknown", "key": None, "problem": str(error)}
+
+
 def collect(run_dir: str | Path | None, framework_dir: str | None, nodes: list[str],
-            environ: dict[str, str] | None = None) -> dict[str, Any]:
+            environ: dict[str, str] | None = None, framework: str | None = None) -> dict[str, Any]:
     environ = dict(os.environ if environ is None else environ)
     harness_dir = Path(sweep.__file__).resolve().parent
     return {
@@ -89,8 +102,9 @@ def collect(run_dir: str | Path | None, framework_dir: str | None, nodes: list[s
         "python_executable": sys.executable,
         "platform": platform.platform(),
         "harness": {"version": sweep.__version__, "git": git_state(harness_dir)},
-        "framework": {"dir": framework_dir,
-                      "git": git_state(framework_dir) if framework_dir else None},
+        "framework": {"name": framework, "dir": framework_dir,
+                      "git": git_state(framework_dir) if framework_dir else None,
+                      "detected": detected_framework(framework, framework_dir)},
         "packages": package_versions(),
         "gpus": gpu_inventory(),
         "env": {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)},
@@ -101,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweep.provenance", description=__doc__)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--run-dir", type=Path)
+    parser.add_argument("--framework", help="the run's framework: its version is recorded")
     parser.add_argument("--framework-dir")
     parser.add_argument("--nodes", nargs="*", default=[])
     args = parser.parse_args(argv)
-    atomic_write_json(args.out, collect(args.run_dir, args.framework_dir, list(args.nodes)))
+    atomic_write_json(args.out, collect(args.run_dir, args.framework_dir or None, list(args.nodes),
+                                         framework=args.framework))
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import jinja2
 
 from sweep import space
+from sweep.frameworks import get_adapter
 from sweep.cli import UserError
 from sweep.runconfig import RunConfig
 from sweep.spec import SLURM_VALUE_PATTERN, Spec
@@ -85,6 +86,17 @@ def comment(value: Any) -> Quoted:
     return Quoted(" ".join(str(value).split()))
 
 
+def shell_line(value: Any) -> Quoted:
+    """A line of the user's own shell (run.setup: `module load ...`), written as it is.
+
+    It is the user's code, so it is not quoted; the spec checked that it is one line, and it is
+    checked again here, so that nothing can hide a second line from a person reading job.sbatch."""
+    text = str(value)
+    if "\n" in text or "\r" in text or "\0" in text:
+        raise RenderError(f"{text!r}: a setup line must be one line")
+    return Quoted(text)
+
+
 def to_json(value: Any) -> Quoted:
     """A JSON literal; also a YAML literal, so it cannot change a YAML document's structure."""
     return Quoted(json.dumps(value, sort_keys=True))
@@ -113,7 +125,8 @@ def make_environment(templates_dir: Path | None = None) -> jinja2.Environment:
         loader=jinja2.FileSystemLoader([str(p) for p in search]),
         undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
         trim_blocks=True, lstrip_blocks=True, finalize=_only_quoted)
-    env.filters.update(shq=shq, slurm=slurm_value, comment=comment, tojson=to_json)
+    env.filters.update(shq=shq, slurm=slurm_value, comment=comment, tojson=to_json,
+                       shell_line=shell_line)
     return env
 
 
@@ -224,6 +237,9 @@ def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> d
         "gpus_per_node": None if config.gpu == "cpu" else config.gpus_per_node,
         "job_name": f"{config.sweep}.{run_id}",
         "launcher": f"{config.framework}.sh",
+        "framework_version": get_adapter(config.framework).version(
+            settings.get("framework_version")).key,
+        "checkout_env": get_adapter(config.framework).checkout_env,
         "nccl_timeout_s": max(int(settings.get("startup_timeout_s", 600)),
                               int(settings.get("hang_timeout_s", 300))),
     }

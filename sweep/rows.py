@@ -133,7 +133,10 @@ def provenance_columns(env: Mapping[str, Any], framework: str | None) -> dict[st
     frame = env.get("framework") if isinstance(env.get("framework"), dict) else {}
     framework_sha = _git_sha(frame.get("git"))
     package = packages.get(_FRAMEWORK_PACKAGES.get(framework or "", ""))
-    if framework == "builtin":
+    detected = frame.get("detected") if isinstance(frame.get("detected"), dict) else {}
+    if detected.get("found") and detected.get("found") != "unknown":
+        framework_version = str(detected["found"])  # what the adapter found before launch
+    elif framework == "builtin":
         framework_version = f"llm-sweep {harness.get('version')}" if harness.get("version") else None
     else:
         framework_version = " @ ".join(v for v in (package, framework_sha) if v) or None

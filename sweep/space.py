@@ -34,6 +34,8 @@ import pandas as pd
 import pyarrow as pa
 
 from sweep import memory
+from sweep.frameworks import get_adapter
+from sweep.frameworks.base import CapabilityContext
 from sweep.layout import Layout
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
@@ -68,6 +70,10 @@ PRUNE_RULES: Final = (
     PruneRule("max_tp", "tp above constraints.max_tp (default: GPUs per node)"),
     PruneRule("max_pp", "pp above constraints.max_pp"),
     PruneRule("max_mbs", "micro-batch size above constraints.max_mbs"),
+    PruneRule("framework", "the framework cannot run this configuration as labelled: a rule of "
+                           "its adapter's capability table (sweep/frameworks/<name>/"
+                           "capabilities.py); `prune_detail` gives the rule and the framework's "
+                           "reason"),
     PruneRule("memory", "the memory model's total for the most loaded GPU exceeds its memory "
                         "× (1 − constraints.memory_headroom)"),
 )
@@ -102,6 +108,7 @@ class RuleContext:
     max_mbs: int = 64
     allow_tp_across_nodes: bool = False
     memory_budget_bytes: int | None = None  # None: no memory rule (no fixed ceiling)
+    framework_version: str = ""  # "": the adapter's default version
 
     @classmethod
     def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
@@ -114,7 +121,15 @@ class RuleContext:
                    max_tp=spec.max_tp, max_pp=spec.constraints.max_pp,
                    max_mbs=spec.constraints.max_mbs,
                    allow_tp_across_nodes=spec.constraints.allow_tp_across_nodes,
-                   memory_budget_bytes=budget)
+                   memory_budget_bytes=budget,
+                   framework_version=spec.run.framework_version or "")
+
+    def capability_context(self) -> CapabilityContext:
+        adapter = get_adapter(self.framework)
+        return CapabilityContext(
+            model=self.model, dtype=self.dtype, seq_len=self.seq_len,
+            gpus_per_node=self.gpus_per_node, global_batch_sequences=self.global_batch_sequences,
+            framework_version=adapter.version(self.framework_version or None).key)
 
 
 # Pipeline stage placement -----------------------------------------------------------------------
@@ -178,10 +193,26 @@ def rule_failures(columns: Mapping[str, np.ndarray], ctx: RuleContext,
         "max_tp": tp > ctx.max_tp,
         "max_pp": np.zeros(pp.shape, bool) if ctx.max_pp is None else pp > ctx.max_pp,
         "max_mbs": mbs > ctx.max_mbs,
+        "framework": capability_rule_index(columns, ctx) >= 0,
     }
     for name in skip:
         failures.pop(name, None)
     return failures
+
+
+def capability_rule_index(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> np.ndarray:
+    """The index, in the adapter's capability table, of the first rule each candidate fails
+    (-1: the framework runs it as labelled)."""
+    adapter = get_adapter(ctx.framework)
+    return adapter.capability_failures(columns, ctx.capability_context())[1]
+
+
+def capability_details(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> np.ndarray:
+    """For each candidate, the capability rule it fails with the framework's reason, or None."""
+    rules = get_adapter(ctx.framework).capabilities
+    index = capability_rule_index(columns, ctx)
+    details = np.array([None, *(rule.detail() for rule in rules)], dtype=object)
+    return details[index + 1]
 
 
 def memory_columns(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> dict[str, np.ndarray]:
@@ -330,8 +361,14 @@ def plan(spec: Spec) -> pd.DataFrame:
     for nodes in spec.nodes:
         candidates = enumerate_candidates(spec, nodes)
         for m_index, model in enumerate(spec.model_shapes):
-            code, mem = evaluate(candidates, RuleContext.from_spec(spec, model))
-            parts.append({**candidates, "code": code, **mem,
+            ctx = RuleContext.from_spec(spec, model)
+            code, mem = evaluate(candidates, ctx)
+            detail = np.full(len(code), None, dtype=object)
+            by_framework = code == RULE_NAMES.index("framework")
+            if by_framework.any():
+                detail[by_framework] = capability_details(
+                    {k: v[by_framework] for k, v in candidates.items()}, ctx)
+            parts.append({**candidates, "code": code, **mem, "detail": detail,
                           "model": np.full(len(code), m_index, dtype=np.int16)})
             kept = code == -1
             ids += chunk_run_ids(spec, model, nodes, {k: v[kept] for k, v in candidates.items()})
@@ -353,6 +390,7 @@ def plan(spec: Spec) -> pd.DataFrame:
     columns["vpp"] = joined("vpp")
     columns["status"] = pd.Categorical.from_codes(code + 1, categories=STATUSES)
     columns["prune_rule"] = pd.Categorical.from_codes(code, categories=RULE_NAMES)
+    columns["prune_detail"] = pd.Categorical(joined("detail"))
     for key in dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")):
         values = np.concatenate([p.get(key, np.full(len(p["code"]), -1, np.int64))
                                  for p in parts])

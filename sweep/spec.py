@@ -213,11 +213,32 @@ class RunSettings(_Strict):
             raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
         return value
 
-    @field_validator("framework_dir", "python")
+    @field_validator("framework_dir", "python", "container_image")
     @classmethod
     def _safe_path(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9._/+~-]{1,512}", value):
-            raise ValueError("paths may use letters, digits and . _ / + ~ - only")
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9._/+~:#@-]{1,512}", value):
+            raise ValueError("paths and image names may use letters, digits and . _ / + ~ : # @ - "
+                             "only")
+        return value
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _safe_mounts(cls, value: list[str]) -> list[str]:
+        for mount in value:
+            if not re.fullmatch(r"[A-Za-z0-9._/+~-]+(:[A-Za-z0-9._/+~-]+)?(:r[ow])?", mount):
+                raise ValueError(f"{mount!r}: a mount is SRC[:DST[:ro|rw]] with paths of letters, "
+                                 "digits and . _ / + ~ - only")
+        return value
+
+    @field_validator("setup")
+    @classmethod
+    def _one_line_each(cls, value: list[str]) -> list[str]:
+        """Setup lines go into job.sbatch verbatim (they are the user's own shell), so each must
+        be one line: a newline or NUL inside one would hide a line from the reader."""
+        for line in value:
+            if "\n" in line or "\r" in line or "\0" in line or not line.strip():
+                raise ValueError(f"{line!r}: each setup entry is one non-empty shell line; "
+                                 "list several lines as several entries")
         return value
 
     @model_validator(mode="after")
@@ -317,7 +338,22 @@ class Spec(_Strict):
             raise ValueError(
                 f"run.warmup_steps: must be smaller than run.steps ({self.run.steps}) so that "
                 "some steps are measured")
+        self._check_framework_versions()
         return self
+
+    def _check_framework_versions(self) -> None:
+        """run.framework_version (and any override's) must be a version the adapter renders for."""
+        from sweep.frameworks import get_adapter
+
+        adapter = get_adapter(self.framework)
+        pinned = [("run.framework_version", self.run.framework_version)]
+        pinned += [(f"overrides.{i}.set.framework_version", o.set["framework_version"])
+                   for i, o in enumerate(self.overrides) if "framework_version" in o.set]
+        for where, key in pinned:
+            if key is not None and key not in {v.key for v in adapter.versions}:
+                known = "; ".join(f"{v.key} ({v.description})" for v in adapter.versions)
+                raise ValueError(f"{where}: {self.framework} has no supported version {key!r}; "
+                                 f"use one of: {known}")
 
     # Resolved views -----------------------------------------------------------------------
 

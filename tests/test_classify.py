@@ -282,6 +282,8 @@ ONE_LINERS = {
     "slurm_preempted": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO PREEMPTION ***",
     "slurm_requeued": "slurmstepd: error: *** JOB 7 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO JOB REQUEUE ***",
     "illegal_memory_access": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "launch_refused": "llm-sweep: cannot launch: nanotron version check: found nanotron @ e24d2483 "
+                      "(supported as 'playbook-e24d2483', not the 'main' this run was rendered for)",
     "cuda_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
     "cublas_alloc_failed": "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
     "nccl_cuda_oom": "node1:1:2 [0] NCCL WARN Cuda failure 'out of memory'",

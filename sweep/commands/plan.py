@@ -66,12 +66,61 @@ def run(args: argparse.Namespace) -> int:
     console.print(summary_table(frame))
     if args.candidates:
         console.print(candidates_table(frame))
+    for line in framework_prunes(spec, frame):
+        console.print(line, highlight=False, soft_wrap=True)
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
     for warning in axes_beyond_constraints(spec) + unmatched_overrides(spec, frame):
         console.print(f"[yellow]warning:[/] {warning}")
+    if kept == 0:
+        raise UserError(nothing_kept(args.spec, frame))
     return 0
+
+
+# What to change when a rule prunes everything: the smallest edit of the spec that may keep some.
+RULE_HINTS: Final = {
+    "memory": "more nodes, a smaller micro-batch (axes.mbs), recomputation "
+              "(axes.recompute: [none, selective, full]), ZeRO (axes.zero_stage) or more "
+              "pipeline stages (axes.pp)",
+    "batch": "a global batch with more factors of two, or fewer nodes",
+    "tp_heads": "tp values that divide the model's attention and KV heads (axes.tp)",
+    "pp_layers": "fewer pipeline stages (axes.pp, constraints.max_pp)",
+    "pp_grad_acc": "a larger global batch or smaller micro-batches, so that grad_acc >= pp",
+    "tp_across_nodes": "tp values up to the GPUs of one node, or "
+                       "constraints.allow_tp_across_nodes: true",
+    "framework": "another framework or framework_version, or axes this framework implements "
+                 "(see prune_detail in plan.parquet)",
+    "max_tp": "a larger constraints.max_tp",
+    "max_pp": "a larger constraints.max_pp",
+    "max_mbs": "a larger constraints.max_mbs",
+}
+
+
+def nothing_kept(spec_path: Path, frame: pd.DataFrame) -> str:
+    """The error of a plan that keeps nothing: the rules that pruned the most, and what to change."""
+    counts = frame["prune_rule"].value_counts()
+    counts = counts[counts > 0]
+    lines = [f"{spec_path}: every one of the {len(frame)} candidates was pruned; "
+             "nothing would run. The rules that pruned the most:"]
+    for rule, count in counts.head(3).items():
+        hint = RULE_HINTS.get(str(rule), "see the README's rule table")
+        lines.append(f"  {rule}: {count} candidates — try {hint}")
+    return "\n".join(lines)
+
+
+def framework_prunes(spec: Spec, frame: pd.DataFrame) -> list[str]:
+    """One line per capability rule that pruned something: how many, and the framework's reason."""
+    if "prune_detail" not in frame:
+        return []
+    details = frame["prune_detail"].dropna().value_counts()
+    details = details[details > 0]
+    if details.empty:
+        return []
+    version = spec.run.framework_version or "its default version"
+    lines = [f"pruned because {spec.framework} ({version}) cannot run them as labelled:"]
+    lines += [f"  {count:>6} × {detail}" for detail, count in details.items()]
+    return lines
 
 
 def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> None:
