@@ -255,3 +255,23 @@ def test_duplicate_plan_rows_are_refused_before_anything_is_written(
     with pytest.raises(render.RenderError, match="duplicate rows"):
         render.render_runs(spec, doubled, tmp_path / "out", workers=workers)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+CLUSTER_SPEC = SPEC.replace(
+    "run: {steps: 4,",
+    "run: {setup: ['module load cuda/12.4', 'source /opt/venvs/bench/bin/activate'], "
+    "container_image: 'nvcr.io#nvidia/pytorch:25.01-py3', container_mounts: ['/datasets:/data:ro'], "
+    "steps: 4,")
+
+
+def test_setup_lines_appear_verbatim_before_launch_and_containers_wrap_the_watchdog(
+        tmp_path: Path) -> None:
+    [run_dir] = render.render_runs(parse_spec(CLUSTER_SPEC), plan(row()), tmp_path)
+    job = (run_dir / "job.sbatch").read_text()
+    assert "\nmodule load cuda/12.4\nsource /opt/venvs/bench/bin/activate\n" in job
+    assert job.index("module load cuda/12.4") < job.index("sweep.provenance") < job.index("srun ")
+    assert "--container-image='nvcr.io#nvidia/pytorch:25.01-py3'" in job
+    assert 'CONTAINER_MOUNTS="$RUN_DIR:$RUN_DIR",/datasets:/data:ro' in job
+    done = subprocess.run(["bash", "-n", str(run_dir / "job.sbatch")], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0, done.stderr

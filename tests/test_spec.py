@@ -163,3 +163,20 @@ def test_early_stop_settings_reach_the_run_settings() -> None:
 def test_bad_early_stop_settings_name_their_field(early_stop: str, field: str, fragment: str) -> None:
     error = error_of(MINIMAL + f"run:\n  early_stop: {early_stop}\n")
     assert error.field == field and error.line == 7 and fragment in error.message
+
+
+def test_a_framework_version_must_be_one_the_adapter_renders_for() -> None:
+    error = error_of(MINIMAL + "framework: megatron\nrun: {framework_version: core_r0.11}\n")
+    assert "run.framework_version" in error.message or error.field.startswith("run")
+    assert "core_r0.17+" in error.message  # names what it may be
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ("setup: [\"module load cuda\\nrm -rf /\"]", "one non-empty shell line"),
+    ("setup: ['  ']", "one non-empty shell line"),
+    ("container_mounts: ['/data:/data:rw;id']", "SRC[:DST[:ro|rw]]"),
+    ("container_image: 'nvcr.io/nvidia/pytorch:25.01-py3 $(id)'", "image names"),
+])
+def test_cluster_environment_settings_are_checked(setting: str, fragment: str) -> None:
+    error = error_of(MINIMAL + f"run: {{{setting}}}\n")
+    assert error.field.startswith("run.") and fragment in error.message

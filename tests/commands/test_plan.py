@@ -192,3 +192,13 @@ def test_axis_values_that_the_specs_own_constraints_prune_are_warned_about(
     spec_path = write_spec(tmp_path, SPEC.replace("mbs: [1, 2, 4]", "mbs: [1, 2, 4]\n  tp: [1, 2]"))
     assert main(["plan", str(spec_path), "--out", str(tmp_path / "s2")]) == 0
     assert "above constraints" not in capsys.readouterr().out
+
+
+def test_a_plan_that_keeps_nothing_fails_with_the_rules_and_what_to_change(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec_path = write_spec(tmp_path, SPEC.replace("playbook-1b", "playbook-80b")
+                           .replace("nodes: [1, 2]", "nodes: [1]"))
+    assert main(["plan", str(spec_path), "--out", str(tmp_path / "sweep")]) == 2
+    error = capsys.readouterr().err
+    assert "every one of the" in error and "nothing would run" in error
+    assert "memory:" in error and "more nodes" in error

@@ -1,0 +1,57 @@
+"""The adapter registry: every framework is one folder that says what it can run, and how."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sweep.frameworks import ADAPTER_MODULES, all_adapters, get_adapter
+from sweep.frameworks.base import CapabilityContext
+from sweep.layout import FRAMEWORK_ZERO_STAGES, FRAMEWORKS
+from sweep.logs.base import LogParser
+from sweep.model import ModelShape
+
+SMALL = ModelShape(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16,
+                   num_kv_heads=16, ffn_hidden_size=4096, vocab_size=32000,
+                   tie_word_embeddings=False)
+
+
+def test_every_framework_the_spec_accepts_has_an_adapter() -> None:
+    assert set(ADAPTER_MODULES) == set(FRAMEWORKS)
+    assert [a.name for a in all_adapters()] == list(ADAPTER_MODULES)
+
+
+@pytest.mark.parametrize("name", ADAPTER_MODULES)
+def test_an_adapter_names_its_parser_versions_and_zero_stages(name: str) -> None:
+    adapter = get_adapter(name)
+    assert isinstance(adapter.parser(), LogParser)
+    assert adapter.parser().framework == name
+    assert adapter.version(None).key == adapter.default_version
+    assert adapter.zero_stages == FRAMEWORK_ZERO_STAGES[name]
+    assert len({v.key for v in adapter.versions}) == len(adapter.versions)
+    with pytest.raises(ValueError, match="no supported version"):
+        adapter.version("no-such-version")
+
+
+@pytest.mark.parametrize("name", ADAPTER_MODULES)
+def test_every_capability_rule_gives_a_reason_and_a_source_and_a_mask(name: str) -> None:
+    adapter = get_adapter(name)
+    columns = {k: np.array([v, v], dtype=np.int64) for k, v in
+               dict(dp=2, tp=2, pp=2, cp=1, ep=1, mbs=1, grad_acc=8, zero_stage=1, vpp=1,
+                    nodes=1, gpus=8).items()}
+    columns |= {"sp": np.array([True, True]), "recompute": np.array(["none", "full"]),
+                "pp_schedule": np.array(["1f1b", "1f1b"])}
+    for version in adapter.versions:
+        ctx = CapabilityContext(model=SMALL, dtype="bf16", seq_len=2048, gpus_per_node=8,
+                                global_batch_sequences=32, framework_version=version.key)
+        for rule in adapter.capabilities:
+            assert rule.name and rule.reason and rule.source, rule
+            mask = np.asarray(rule.fails(columns, ctx))
+            assert mask.dtype == bool and mask.shape in ((2,), ()), rule.name
+        failed, first = adapter.capability_failures(columns, ctx)
+        assert failed.shape == first.shape == (2,)
+
+
+def test_an_unknown_framework_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="known frameworks"):
+        get_adapter("deepspeed")
