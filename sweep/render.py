@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import sys
 import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -181,6 +182,12 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+def default_python() -> str:
+    """The interpreter of this installation, for jobs whose spec names none: absolute, so a job
+    needs no activated virtualenv (a venv's bin/python is a symlink that keeps the venv)."""
+    return os.path.abspath(sys.executable)
+
+
 class RunResolver:
     """Plan rows → RunConfigs for one spec. The identity comes from the planner
     (`space.run_config`, so run ids agree); the spec hash is computed once and the run settings
@@ -196,7 +203,9 @@ class RunResolver:
     def settings(self, row: Mapping[str, Any]) -> dict[str, Any]:
         key = tuple(row.get(k) for k in self.override_keys)
         if key not in self._settings:
-            self._settings[key] = self.spec.run_settings_for(dict(row)).model_dump(mode="json")
+            settings = self.spec.run_settings_for(dict(row)).model_dump(mode="json")
+            settings["python"] = settings.get("python") or default_python()
+            self._settings[key] = settings
         return self._settings[key]
 
     def __call__(self, row: Mapping[str, Any]) -> RunConfig:

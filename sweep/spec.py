@@ -182,7 +182,10 @@ class RunSettings(_Strict):
     setup: list[str] = []
     container_image: str | None = None
     container_mounts: list[str] = []
-    python: str = "python3"
+    # The interpreter that jobs run llm-sweep and the launchers with. None: the one that renders
+    # (`sys.executable`, an absolute path), so jobs use the installation that rendered them even
+    # when no virtualenv is activated on the compute node. The preflight checks it there.
+    python: str | None = None
     seed: Annotated[int, Field(ge=0)] = 1234
     early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.steady)
 

@@ -275,3 +275,16 @@ def test_setup_lines_appear_verbatim_before_launch_and_containers_wrap_the_watch
     done = subprocess.run(["bash", "-n", str(run_dir / "job.sbatch")], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_jobs_run_the_interpreter_that_rendered_them_unless_the_spec_names_one(
+        tmp_path: Path) -> None:
+    import os
+    import sys
+
+    [run_dir] = render.render_runs(parse_spec(SPEC), plan(row()), tmp_path / "a")
+    job = (run_dir / "job.sbatch").read_text()
+    assert f"PYTHON={os.path.abspath(sys.executable)}\n" in job
+    named = SPEC.replace("run: {steps: 4,", "run: {python: /opt/bench/bin/python, steps: 4,")
+    [run_dir] = render.render_runs(parse_spec(named), plan(row()), tmp_path / "b")
+    assert "PYTHON=/opt/bench/bin/python\n" in (run_dir / "job.sbatch").read_text()
