@@ -336,7 +336,13 @@ def _apply_mfu(row: dict[str, Any], config: RunConfig, summary: Mapping[str, Any
 
 def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
                      issues: list[str]) -> list[dict[str, Any]]:
-    """Step records of a Megatron/nanotron/torchtitan attempt: the node log with most steps."""
+    """Step records of a Megatron/nanotron/torchtitan attempt, and its peak memory.
+
+    Steps come from the node log with the most step lines: frameworks print them on one rank
+    (Megatron: the last; nanotron: the first of the last PP stage), so on multi-node runs most
+    node logs have none. Memory is the peak over every node's log: each rank that reports memory
+    reports its own, and the most loaded GPU is on any node (Megatron prints memory on DP-rank-0
+    ranks of every stage, and the first stage usually holds the most)."""
     from sweep.logs import LogParseError, get_parser
 
     try:
@@ -345,6 +351,7 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
         issues.append(str(error))
         return []
     best: list[dict[str, Any]] = []
+    peaks: list[tuple[int | None, int | None]] = []
     logs = sorted((attempt_dir / "logs").glob("node*.out"))
     if not logs:
         issues.append("logs/: no node*.out log to parse")
@@ -355,14 +362,21 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
             issues.append(f"logs/{path.name}: {error}")
             continue
         steps = [dataclasses.asdict(step) for step in parsed.steps]
+        peaks.append((parsed.peak_mem_allocated_bytes, parsed.peak_mem_reserved_bytes))
         if len(steps) > len(best) or not best:
             best = steps
             row["parser"] = row["metrics_source"] = f"log:{framework}@{parsed.format_version or '?'}"
-            row["_log_memory"] = (parsed.peak_mem_allocated_bytes, parsed.peak_mem_reserved_bytes)
             if parsed.truncated:
                 issues.append(f"logs/{path.name}: last line cut off (writer killed); skipped")
             issues.extend(f"logs/{path.name}: {problem}" for problem in parsed.problems[:5])
+    if peaks:
+        row["_log_memory"] = tuple(_max_known(values) for values in zip(*peaks))
     return best
+
+
+def _max_known(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _slurm_columns(row: dict[str, Any], status: Mapping[str, Any], env: Mapping[str, Any],

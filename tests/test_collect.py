@@ -355,3 +355,27 @@ def test_sacct_entries_become_rows_that_decide_a_killed_attempt(tmp_path) -> Non
     (row,) = collect_sweep(tmp_path, accounting=acct_rows(entries)).table.to_pylist()
     assert (row["outcome"], row["status_source"], row["node_list"]) == ("node_fail", "sacct", "node[3-4]")
     assert row["elapsed_s"] == 300.0
+
+
+def test_a_multi_node_megatron_attempt_takes_steps_from_one_node_and_memory_from_all(
+        tmp_path) -> None:
+    """Megatron prints iteration lines on the last rank only and memory lines on DP-rank-0
+    ranks of every stage: the most loaded GPU (here on node 0) decides the memory, the node with
+    the step lines (node 1) decides the steps."""
+    from sweep.logs import get_parser
+
+    config = framework_config("megatron", dp=1, world=2)
+    attempt = write_run(tmp_path, config) / "attempts" / "1"
+    (attempt / "logs").mkdir(parents=True)
+    fixture = Path(__file__).parent / "fixtures" / "logs" / "megatron_steps_1.log"
+    steps_only = [line for line in fixture.read_text().splitlines(keepends=True)
+                  if "memory (MB)" not in line]
+    (attempt / "logs" / "node1.out").write_text("".join(steps_only))
+    (attempt / "logs" / "node0.out").write_text(
+        "[Rank 0] (after 20 iterations) memory (MB) | allocated: 50000.0 | max allocated: 60000.0"
+        " | reserved: 70000.0 | max reserved: 71000.0\n")
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    parsed = get_parser("megatron").parse_file(attempt / "logs" / "node1.out")
+    assert parsed.steps and row["last_step"] == parsed.last_step
+    assert row["mem_reserved_bytes"] == 71000 * 2**20
+    assert row["mem_allocated_bytes"] == 60000 * 2**20
