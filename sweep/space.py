@@ -14,7 +14,8 @@ Two choices keep the plan free of duplicate runs: at tp = 1 sequence parallelism
 nothing, so such a layout appears once, recorded as sp = False (frameworks reject or ignore SP
 without TP; nanotron's REDUCE_SCATTER and ALL_REDUCE modes are the same run at tp = 1); at
 pp = 1 the pipeline schedule changes nothing, so it appears once (the first schedule listed,
-vpp = 1). The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
+vpp = 1); with a single replica (dp·ep·cp = 1) ZeRO has nothing to shard, so the layout appears
+once, at the lowest ZeRO stage listed. The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
 
 Pure: no I/O. The memory rule calls `sweep.memory.estimate_columns`.
 """
@@ -318,9 +319,13 @@ def enumerate_candidates(spec: Spec, nodes: int) -> dict[str, np.ndarray]:
     columns = {k: v[f] for k, v in layouts.items()}
     columns["sp"] = sp_values[sp]
     columns["pp_schedule"] = schedules[sched]
-    # One candidate where an axis changes nothing: tp = 1 ignores sp, pp = 1 ignores schedules.
+    # One candidate where an axis changes nothing: tp = 1 ignores sp, pp = 1 ignores schedules,
+    # and with one data-parallel replica (dp·ep·cp = 1) there is nothing for ZeRO to shard, so
+    # every stage is the same run as the lowest one listed.
+    lowest_zero = zero == min(spec.zero_stages)
     unique = ~(((columns["tp"] == 1) & (sp != 0))
-               | ((columns["pp"] == 1) & (sched != 0)))
+               | ((columns["pp"] == 1) & (sched != 0))
+               | ((columns["dp"] * columns["ep"] * columns["cp"] == 1) & ~lowest_zero))
     columns = {k: v[unique] for k, v in columns.items()}
     columns["sp"] &= columns["tp"] > 1
     mbs, zero, rec = mbs[unique], zero[unique], rec[unique]

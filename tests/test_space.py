@@ -291,6 +291,9 @@ def test_playbook_plan_contains_every_published_run(refdata: Path, repo_root: Pa
 
     runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
     runs["model"] = runs.model_label.map({"1B": "playbook-1b", "8B": "playbook-8b"})
+    # With one replica (dp = 1) ZeRO-1 shards nothing: the playbook ran it as a separate
+    # configuration, the plan holds it once, as ZeRO-0.
+    runs["zero_stage"] = runs.zero_stage.where(runs.dp > 1, 0)
     planned = space.plan(load_spec(repo_root / "examples" / "playbook.yaml"))
     planned = planned.astype({"model": str})
     keys = ["model", "nodes", "dp", "tp", "pp", "mbs", "zero_stage"]
@@ -364,3 +367,13 @@ def test_llama3_405b_layouts_pass_every_structural_rule(refdata: Path) -> None:
         layout = dict(dp=dp, tp=int(row.tp), cp=int(row.cp), pp=int(row.pp),
                       grad_acc=int(row.batch_size_per_dp))
         assert structural_verdict(model, int(row.seq_len), gbs, **layout) == "kept", row.stage_row
+
+
+def test_zero_stages_of_a_single_replica_are_one_run() -> None:
+    """dp·ep·cp = 1 leaves ZeRO nothing to shard: four stages would be four identical runs."""
+    columns = space.enumerate_candidates(spec_from(SMALL.replace(
+        "zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]")), 1)
+    single = columns["dp"] * columns["ep"] * columns["cp"] == 1
+    assert single.any() and (~single).any()
+    assert set(columns["zero_stage"][single].tolist()) == {0}
+    assert set(columns["zero_stage"][~single].tolist()) == {0, 1, 2, 3}
