@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import difflib
 import re
 from functools import cached_property
 from pathlib import Path
@@ -454,12 +455,15 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
     try:
         return Spec.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
+        errors = error.errors()
+        # A misspelt key also makes its correct spelling "missing": name the typo, not the gap.
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(first["loc"])
         field = _field_path(loc)
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown field; check the spelling against the README's spec reference"
+            message = "unknown field" + _did_you_mean(str(loc[-1])) + \
+                "; check the spelling against the README's spec reference"
         elif first["type"] == "literal_error":
             message = f"{message} (got {first.get('input')!r})"
         elif first["type"] == "string_pattern_mismatch":
@@ -472,6 +476,20 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
             field = _field_path(loc)
         return_line = _line_of(root, loc)
         raise SpecError(source, return_line, field, message) from None
+
+
+def _known_field_names() -> set[str]:
+    """Every field name a spec can hold, at any depth (for did-you-mean)."""
+    names: set[str] = set()
+    for model in (Spec, Axes, Constraints, RunSettings, Override, InlineModel, GlobalBatch,
+                  EarlyStop):
+        names.update(model.model_fields)
+    return names
+
+
+def _did_you_mean(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(_known_field_names()), n=1, cutoff=0.75)
+    return f" {key!r}: did you mean {close[0]!r}?" if close else f" {key!r}"
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -180,3 +180,11 @@ def test_a_framework_version_must_be_one_the_adapter_renders_for() -> None:
 def test_cluster_environment_settings_are_checked(setting: str, fragment: str) -> None:
     error = error_of(MINIMAL + f"run: {{{setting}}}\n")
     assert error.field.startswith("run.") and fragment in error.message
+
+
+def test_a_misspelt_key_is_named_with_a_suggestion_not_reported_as_a_missing_field() -> None:
+    error = error_of(MINIMAL.replace("global_batch:", "global_bach:"))
+    assert error.field == "global_bach" and error.line == 5
+    assert "did you mean 'global_batch'" in error.message
+    nested = error_of(MINIMAL + "run: {stpes: 3}\n")
+    assert nested.field == "run.stpes" and "did you mean 'steps'" in nested.message
