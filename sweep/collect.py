@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Iterable, Mapping
@@ -178,7 +179,7 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
         row["status_source"] = "srun"
     # An array task is `<array>_<task>` in sacct, while its status.json has the task's own id.
     job_id = env_job_id(env) if env.get("slurm_array") else \
-        (_first(status, "slurm_job_id") or env_job_id(env))
+        (_first(status, "slurm_job_id") or env_job_id(env) or job_id_from_output_link(attempt_dir))
     acct = (accounting or {}).get(str(job_id)) if job_id is not None else None
     if acct is None:  # the local backend leaves its sacct-like row in the attempt folder
         local_row = _read_json(attempt_dir / LOCAL_ACCOUNTING_FILE, issues)
@@ -480,8 +481,27 @@ def job_ids(sweep_dir: str | Path) -> list[str]:
     return sorted({job for job in hints if job})
 
 
+_SLURM_OUTPUT = re.compile(r"slurm-(\d+(?:_\d+)?)\.(?:out|err)$")
+
+
+def job_id_from_output_link(attempt_dir: Path) -> str | None:
+    """The job id in the name of Slurm's own output file, which job.sbatch links into the
+    attempt folder as its first act (`slurm-<job>.out`, `slurm-<array>_<task>.out`): the one
+    record of a job that died before it wrote env.json (a missing interpreter, say)."""
+    for name in ("job.out", "job.err"):
+        try:
+            target = os.readlink(attempt_dir / name)
+        except OSError:
+            continue
+        match = _SLURM_OUTPUT.search(target)
+        if match:
+            return match[1]
+    return None
+
+
 def _job_hint(attempt_dir: Path) -> str | None:
-    """The Slurm job id an attempt ran under (env.json or status.json), cheaply."""
+    """The Slurm job id an attempt ran under (env.json, status.json, or the name of Slurm's
+    output file), cheaply."""
     for name in (ENV_FILE, STATUS_FILE):
         try:
             data = json.loads((attempt_dir / name).read_text(encoding="utf-8"))
@@ -492,7 +512,7 @@ def _job_hint(attempt_dir: Path) -> str | None:
         job = _first(data, "slurm_job_id") if name == STATUS_FILE else env_job_id(data)
         if job is not None:
             return str(job)
-    return None
+    return job_id_from_output_link(attempt_dir)
 
 
 def read_runs(path: str | Path) -> pa.Table | None:

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from sweep.cli import UserError
-from sweep.commands.submit import add_submit_options, print_report
+from sweep.commands.submit import add_submit_options, ensure_preflight, print_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from sweep.tracker import Tracker, submit_runs
 
     tracker = Tracker(args.sweep_dir)
+    ensure_preflight(args.sweep_dir, args)
     try:
         with tracker.lock():
             subs = tracker.reconcile(write=not args.dry_run)

@@ -45,6 +45,41 @@ def add_submit_options(parser: argparse.ArgumentParser) -> None:
                              "default: no limit")
     parser.add_argument("--hold", action="store_true",
                         help="submit held (release with `scontrol release JOBID`)")
+    parser.add_argument("--no-preflight", action="store_true",
+                        help="skip the preflight job (sweep.preflight) that checks, before the "
+                             "first array, that the runs' interpreter, framework, GPUs and the "
+                             "shared sweep folder work on the target partition")
+    parser.add_argument("--preflight-timeout", type=float, default=600.0, metavar="S",
+                        help="give up on the preflight after S seconds, queue wait included "
+                             "(default %(default)s)")
+
+
+def ensure_preflight(folder: Path, args: argparse.Namespace) -> None:
+    """Run the preflight once per sweep and settings, unless skipped or dry; UserError when it
+    fails, before anything is submitted."""
+    if args.dry_run or args.no_preflight:
+        return
+    from sweep.preflight import PreflightError, passed_before, run_preflight, target_of
+    from sweep.render import run_dirs_of
+    from sweep.state import read_json
+
+    run_dirs = run_dirs_of(folder)
+    if not run_dirs:
+        return
+    document = read_json(run_dirs[0] / "run.json")
+    if not isinstance(document, dict):
+        return  # the tracker reports a broken run folder with its own message
+    target = target_of(document)
+    if passed_before(folder, target):
+        return
+    print(f"preflight: one job on {dict(target.slurm).get('partition', 'the default partition')}"
+          f" checks {target.python}, {target.framework} and the sweep folder ...", flush=True)
+    try:
+        result = run_preflight(folder, target, args.preflight_timeout)
+    except PreflightError as error:
+        raise UserError(f"preflight failed: {error}") from None
+    print(f"preflight passed on {result['host']} in {result['seconds']:.1f} s "
+          f"({result['framework']['found']})")
 
 
 def positive(text: str) -> int:
@@ -95,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--poll-s: must be positive, got {args.poll_s}")
     folder = sweep_folder(args.target, args.out)
     tracker = Tracker(folder)
+    ensure_preflight(folder, args)
     if args.strategy != "exhaustive":
         return _search(folder, tracker, args)
     try:
