@@ -1,9 +1,20 @@
-"""nanotron (run_train.py of a checkout, with a rendered YAML config)."""
+"""nanotron (run_train.py of a checkout, with a rendered YAML config).
+
+Two supported versions, because nanotron's strict YAML loader and its step line both changed in
+March 2025 (sweep/frameworks/nanotron/config_schema.py and parser.py say how):
+
+- ``main-2025-03-26+``: nanotron main from 8279c784 (2025-03-26, the merge of PR #310 that renamed
+  the step key to `time_per_iteration_ms`) on; `parallelism.context_parallel_size` exists since
+  bc921993 (2025-03-21). Tested against 2411b022 (2026-04-07), the newest main commit we read.
+- ``playbook-e24d2483``: the commit of the Ultra-Scale Playbook's sweep (2025-02-19): no
+  `context_parallel_size` key (the strict loader rejects it), `elapsed_time_per_iteration_ms`.
+"""
 
 from __future__ import annotations
 
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.nanotron import capabilities
+from sweep.frameworks.nanotron.config_schema import MAIN, MAIN_COMMIT, PLAYBOOK, PLAYBOOK_COMMIT
 from sweep.frameworks.nanotron.parser import NanotronParser
 
 ADAPTER = FrameworkAdapter(
@@ -11,10 +22,21 @@ ADAPTER = FrameworkAdapter(
     description="nanotron's run_train.py with a rendered YAML config, launched by torchrun",
     parser=NanotronParser,
     flops_convention="full_attention",
-    versions=(SupportedVersion("main-2025-03-26+", "nanotron main from 2025-03-26 on"),),
-    default_version="main-2025-03-26+",
+    versions=(
+        SupportedVersion(MAIN, "nanotron main from 2025-03-26 (8279c784) on",
+                         tested_with=(MAIN_COMMIT,)),
+        SupportedVersion(PLAYBOOK, "nanotron @e24d2483 (2025-02-19), the Ultra-Scale Playbook's "
+                         "commit", tested_with=(PLAYBOOK_COMMIT,)),
+    ),
+    default_version=MAIN,
     capabilities=capabilities.RULES,
     zero_stages=(0, 1),
     entry_point="run_train.py",
     checkout_env="NANOTRON_DIR",
+    notes=(
+        "nanotron counts the embedding and the LM head as pipeline blocks "
+        "(sweep.memory.stage_block_counts replays its assignment)",
+        "only one rank logs the step line (dp 0, tp 0, the last pipeline stage); ' Memory usage' "
+        "lines come from rank 0, '[After model building]' lines from every (tp, pp) rank",
+    ),
 )

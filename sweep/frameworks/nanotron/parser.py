@@ -1,15 +1,29 @@
 """nanotron step lines: `<date> <time> [LEVEL|tags]: iteration: N / T | key: value | ...`.
 
-Format versions (fixtures in tests/fixtures/logs/nanotron_steps_*.log):
-- ``nanotron-2024``: date `MM/DD/YYYY`, tag `[INFO|DP=i|PP=j|TP=k]` with an optional host
-  (`|ip-26-0-160-225`). Used from early 2024 through at least Oct 2025, and by the Ultra-Scale
-  Playbook sweep. Numbers are "human formatted" (3 significant digits, K/M/G suffixes: `13.8K`,
-  `9.94G`), so values are exact to what was printed, not to what was measured.
-- ``nanotron-current``: nanotron main's formatter since 2025: date `MM/DD` without a year, ANSI
-  dim codes around the header, rank tags only for dimensions larger than 1 (`[INFO|DP=0|TP=1]`, or
-  `[INFO]`), and `B` instead of `G` for 1e9.
-The step line's `cuda_memory_allocated` is the current (not peak) allocation, so it is not used as
-the peak; peaks come from the separate ` Memory usage: ... Peak allocated ... Peak reserved: ...` lines.
+The line is `LoggerWriter.add_scalars_from_list`'s `" | ".join(...)` of `LogItem`s, each
+`human_format`ted (3 significant digits, K/M/G or K/M/B suffixes: values are exact to what was
+printed, not to what was measured), under the formatter of `set_logger_verbosity_format`.
+Format versions, as nanotron main had them (merge commits on main; tests/frameworks/nanotron
+builds lines from each version's format strings):
+
+- ``nanotron-2024``: up to 2025-03-23, and @e24d2483 (the playbook). Date `MM/DD/YYYY`, tag
+  `[INFO|DP=i|PP=j|TP=k]` (+ `|EXP=e` with ep > 1, + `|host` under Slurm); step time
+  `elapsed_time_per_iteration_ms`; `global_batch_size` in sequences; G for 1e9; iterations 1-4
+  add `cuda_memory_allocated` (current) and `cuda_max_memory_reserved` (peak) of the logging rank.
+  Forks kept it after that (tests/fixtures/logs/nanotron_steps_issue390.log is of Oct 2025).
+- ``nanotron-2025-03-23``: main from d57c2ea4 (2025-03-23, logging/base.py SafeFormatter) to
+  8279c784: date `MM/DD` without a year, ANSI dim codes around the header, rank tags only for
+  dimensions larger than 1 (`[INFO|DP=0|TP=1]`, or `[INFO]`), B instead of G; still
+  `elapsed_time_per_iteration_ms`.
+- ``nanotron-2025-03-26``: main from 8279c784 (2025-03-26, "add eta") on: the step time is
+  `time_per_iteration_ms`, `global_batch_size` is in tokens (so it is not read), an `eta: H:MM:SS`
+  item ends the line, and the step line carries no memory (it went to wandb only).
+
+One rank logs the step line: dp 0, tp 0 (cp 0) of the last pipeline stage (trainer.py
+`logger_ranks`). The step line's `cuda_memory_allocated` is the current (not peak) allocation, so
+it is not used as the peak; peaks also come from the ` Memory usage: ... Peak allocated ... Peak
+reserved: ...` lines (rank 0, the first iterations) and the `[After model building]` lines (dp
+rank 0 of every tp/pp group), so a log's peak is the largest of those ranks' peaks.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ _STEP = re.compile(
 )
 _HUMAN = re.compile(r"^(?P<num>-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?P<suffix>[KMGBTPE]?)$")
 _SCALE = {s: Decimal(10) ** (3 * i) for i, s in enumerate(["", "K", "M", "G", "T", "P", "E"])} | {"B": Decimal(10**9)}
+STEP_TIME_KEY = "time_per_iteration_ms"  # main from 8279c784 (2025-03-26)
+OLD_STEP_TIME_KEY = "elapsed_time_per_iteration_ms"  # before, and @e24d2483
 _MEMORY = re.compile(
     r"Memory usage: (?P<a>[\d.]+)MiB\.? Peak allocated:? (?P<ma>[\d.]+)MiB\.? Peak reserved: (?P<mr>[\d.]+)MiB"
 )
@@ -59,11 +75,12 @@ class NanotronParser(LineParser):
         if match is None:
             return None
         fields = _fields(match["fields"])
-        elapsed_ms = fields.get("elapsed_time_per_iteration_ms")
+        renamed = STEP_TIME_KEY in fields
+        elapsed_ms = fields.get(STEP_TIME_KEY if renamed else OLD_STEP_TIME_KEY)
         if elapsed_ms is None:
             return None
         reserved = fields.get("cuda_max_memory_reserved")
-        gbs = fields.get("global_batch_size")
+        gbs = None if renamed else fields.get("global_batch_size")  # tokens, since the rename
 
         def get(key: str) -> float | None:
             return _float(fields.get(key))
@@ -71,8 +88,8 @@ class NanotronParser(LineParser):
         if match["year"]:
             version = "nanotron-2024"
             stamp = utc_timestamp(f"{match['date']} {match['time']}", "%m/%d/%Y %H:%M:%S")
-        else:
-            version, stamp = "nanotron-current", None  # no year in the line: no absolute time
+        else:  # no year in the line: no absolute time
+            version, stamp = ("nanotron-2025-03-26" if renamed else "nanotron-2025-03-23"), None
         return StepRecord(
             step=int(match["step"]),
             total_steps=int(match["total"]),

@@ -1,0 +1,100 @@
+"""nanotron's capability table prunes what nanotron cannot run as labelled, at each version, and
+the planner reports the rule with nanotron's reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from sweep import space
+from sweep.catalog import get_model
+from sweep.frameworks import get_adapter
+from sweep.frameworks.base import CapabilityContext
+from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK
+from sweep.spec import parse_spec
+
+ADAPTER = get_adapter("nanotron")
+DENSE = get_model("llama-3.1-8b")
+
+
+def columns(**overrides: object) -> dict[str, np.ndarray]:
+    """Two candidates: the first as given, the second a plain dense run that always passes."""
+    base = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "mbs": 1, "grad_acc": 8,
+            "zero_stage": 0, "vpp": 1, "nodes": 1, "gpus": 8, "sp": False,
+            "recompute": "none", "pp_schedule": "1f1b"}
+    out = {}
+    for key, value in base.items():
+        first = overrides.get(key, value)
+        out[key] = np.array([first, value], dtype=object if isinstance(value, str) else None)
+    return out
+
+
+def context(version: str = MAIN, dtype: str = "bf16", model: object = DENSE) -> CapabilityContext:
+    return CapabilityContext(model=model, dtype=dtype, seq_len=4096, gpus_per_node=8,
+                             global_batch_sequences=64, framework_version=version)
+
+
+def failing(cols: dict[str, np.ndarray], ctx: CapabilityContext) -> list[str | None]:
+    failed, index = ADAPTER.capability_failures(cols, ctx)
+    return [ADAPTER.capabilities[i].name if f else None for f, i in zip(failed, index)]
+
+
+@pytest.mark.parametrize("version", [MAIN, PLAYBOOK])
+@pytest.mark.parametrize(("overrides", "rule"), [
+    ({"cp": 2}, "context_parallel"),
+    ({"ep": 2}, "expert_parallel"),
+    ({"pp": 2, "vpp": 2, "pp_schedule": "interleaved_1f1b"}, "interleaved_1f1b"),
+    ({"recompute": "selective"}, "selective_recompute"),
+    ({"pp": 2, "pp_schedule": "gpipe"}, None),
+    ({"recompute": "full", "tp": 8, "sp": True, "zero_stage": 1}, None),
+])
+def test_layout_rules(version: str, overrides: dict[str, object], rule: str | None) -> None:
+    assert failing(columns(**overrides), context(version)) == [rule, None]
+
+
+@pytest.mark.parametrize("version", [MAIN, PLAYBOOK])
+def test_the_reasons_differ_by_version(version: str) -> None:
+    failed, index = ADAPTER.capability_failures(columns(cp=2), context(version))
+    detail = ADAPTER.capabilities[index[0]].detail()
+    assert ("not supported yet" in detail) == (version == MAIN)
+    assert ("e24d2483" in detail) == (version == PLAYBOOK)
+
+
+@pytest.mark.parametrize(("dtype", "rule"), [("fp8", "fp8"), ("fp32", "fp32"), ("tf32", "fp32"),
+                                            ("bf16", None), ("fp16", None)])
+def test_dtype_rules(dtype: str, rule: str | None) -> None:
+    assert failing(columns(), context(dtype=dtype)) == [rule, rule]
+
+
+def test_a_moe_model_is_never_rendered_as_a_dense_llama() -> None:
+    moe = get_model("mixtral-8x7b")
+    assert failing(columns(), context(model=moe)) == ["moe_model", "moe_model"]
+
+
+def test_the_ffn_width_must_split_over_tp() -> None:
+    odd = replace(DENSE, ffn_hidden_size=14336 + 4)
+    assert failing(columns(tp=8), context(model=odd)) == ["ffn_over_tp", None]
+
+
+def test_the_planner_prunes_with_nanotron_s_reason() -> None:
+    spec = parse_spec("""
+name: nanotron-caps
+framework: nanotron
+gpus_per_node: 8
+models: [tiny-4l]
+nodes: [1]
+seq_len: 1024
+global_batch: {sequences: 16}
+axes: {recompute: [none, selective], pp_schedule: [1f1b, interleaved_1f1b], cp: [1, 2]}
+""")
+    plan = space.plan(spec)
+    pruned = plan[plan["status"] == "pruned:framework"]
+    kept = plan[plan["status"] == space.KEPT]
+    assert len(kept) and len(pruned)
+    assert set(kept["recompute"]) == {"none"} and set(kept["pp_schedule"]) == {"1f1b"}
+    assert set(kept["cp"]) == {1}
+    details = " ".join(map(str, pruned["prune_detail"]))
+    for name in ("selective_recompute", "interleaved_1f1b", "context_parallel"):
+        assert name in details
