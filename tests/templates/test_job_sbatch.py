@@ -72,7 +72,8 @@ def test_an_array_task_gets_the_next_attempt_and_the_watchdog_command(
     assert done.returncode == 0, (tmp_path / "task.out").read_text()
     attempt = run_dir / "attempts" / "1"
     args = (attempt / "srun.args").read_text().splitlines()
-    assert args == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", "python3", "-m",
+    python = os.path.abspath(sys.executable)  # the interpreter that rendered it
+    assert args == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", python, "-m",
                     "sweep.watchdog", "--run-dir", str(run_dir), "--attempt-dir", str(attempt),
                     "--", "bash", f"{run_dir}/launch/builtin.sh"]
     seen = env_file(attempt / "srun.env")

@@ -52,6 +52,11 @@ def playbook_scripts(request: pytest.FixtureRequest, repo_root: Path,
     framework = request.param
     text = (repo_root / "examples" / "playbook.yaml").read_text()
     text = text.replace("framework: nanotron", f"framework: {framework}")
+    if framework != "nanotron":  # the playbook pins a nanotron commit
+        text = text.replace("framework_version: playbook-e24d2483", "framework_version: null")
+    if framework == "torchtitan":  # it defines the Llama 3 shapes, not the playbook's
+        text = text.replace("models: [playbook-1b, playbook-3b, playbook-8b, playbook-80b]",
+                            "models: [llama-3.1-8b, llama-3.1-70b]")
     text = text.replace("zero_stage: [0, 1]", f"zero_stage: {FRAMEWORK_ZERO[framework]}")
     scripts = rendered_scripts(text, f"playbook.yaml ({framework})")
     folder = tmp_path_factory.mktemp(framework)
@@ -65,7 +70,7 @@ def playbook_scripts(request: pytest.FixtureRequest, repo_root: Path,
 
 def test_the_playbook_renders_thousands_of_scripts_in_few_shapes(playbook_scripts) -> None:
     total, paths = playbook_scripts
-    assert total > 2000
+    assert total > 1000
     assert {p.name.split("-", 1)[1] for p in paths} >= {"job.sbatch"}
     assert 2 <= len(paths) < 200
 
