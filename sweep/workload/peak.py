@@ -3,11 +3,20 @@
 GPUs: the catalog's dense peak for the run's dtype. CPU has no catalogue peak, so the workload
 times a square matmul on each rank (all ranks at once, with the threads each rank trains with,
 so they contend as in training) and uses the mean; records say `measured:cpu-matmul-<dtype>`.
+
+A peak measured inside every run is noise: two runs of one sweep on one host divided by peaks
+that differed by 2× under contention, and MFU above 100 % followed. So the first run of a sweep
+on a host measures it and stores it in `<sweep>/peaks/` (keyed by host, dtype, ranks per node and
+threads per rank); every later run of the sweep on that host divides by the same number.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import time
+from pathlib import Path
 
 import torch
 
@@ -36,3 +45,34 @@ def measure_cpu_matmul_peak(dtype: str, seconds: float = 0.15, size: int = 512) 
             break
     name = "fp32" if torch_dtype == torch.float32 else dtype
     return 2.0 * size ** 3 * count / elapsed, f"measured:cpu-matmul-{name}"
+
+
+def peak_file(sweep_dir: Path, dtype: str, ranks_per_node: int, threads: int) -> Path:
+    """Where the sweep keeps this host's CPU peak for runs of this shape."""
+    host = "".join(c if c.isalnum() or c in "-._" else "_" for c in socket.gethostname())
+    return sweep_dir / "peaks" / f"{host}-{dtype}-{ranks_per_node}x{threads}.json"
+
+
+def read_stored_peak(path: Path) -> tuple[float, str] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return float(data["peak_flops"]), str(data["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store_peak(path: Path, value: float, source: str) -> tuple[float, str]:
+    """Keep the first peak stored for this host and shape (two runs measuring at once: the first
+    to link its file wins, and both use the winner's); returns the peak to use."""
+    stored_source = f"{source} (once per host per sweep: peaks/{path.name})"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"peak_flops": value, "source": stored_source,
+                               "host": socket.gethostname(), "measured_at": time.time()}))
+    try:
+        os.link(tmp, path)  # atomic create-if-absent, also on NFS
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return read_stored_peak(path) or (value, stored_source)

@@ -33,7 +33,8 @@ from sweep.workload.parallel import (
     build_optimizer,
     import_layout_modules,
 )
-from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak
+from sweep.workload.peak import (catalog_peak, measure_cpu_matmul_peak, peak_file,
+                                 read_stored_peak, store_peak)
 
 MEMTRACK_FILE = "memtrack.json"
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -209,14 +210,39 @@ class Trainer:
         return torch.stack([loss.detach().float() for loss in losses]).mean()
 
 
-def _dense_peak(cfg: RunConfig, device: torch.device) -> tuple[float, str]:
+def sweep_dir_of(attempt_dir: Path) -> Path:
+    """The sweep folder of `<sweep>/runs/<run>/attempts/<n>`; an attempt folder elsewhere (a run
+    by hand) keeps its peak to itself."""
+    attempt_dir = attempt_dir.resolve()
+    parents = attempt_dir.parents
+    if len(parents) >= 4 and parents[0].name == "attempts" and parents[2].name == "runs":
+        return parents[3]
+    return attempt_dir
+
+
+def _dense_peak(cfg: RunConfig, device: torch.device,
+                attempt_dir: Path) -> tuple[float, str]:
+    """The catalog's peak on GPUs; on CPU the sweep's stored peak for this host, measured by
+    the first run that needs it (rank 0 decides, every rank uses its answer)."""
     if device.type == "cuda":
         return catalog_peak(cfg.gpu, cfg.dtype)
+    path = peak_file(sweep_dir_of(attempt_dir), cfg.dtype, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                     torch.get_num_threads())
+    known: list[tuple[float, str] | None] = [read_stored_peak(path) if dist.get_rank() == 0
+                                             else None]
+    dist.broadcast_object_list(known, src=0)
+    if known[0] is not None:
+        return known[0]
     dist.barrier()
     value, source = measure_cpu_matmul_peak(cfg.dtype)
     total = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(total)
-    return float(total.item()) / dist.get_world_size(), source
+    decided: list[tuple[float, str] | None] = [None]
+    if dist.get_rank() == 0:
+        decided[0] = store_peak(path, float(total.item()) / dist.get_world_size(), source)
+    dist.broadcast_object_list(decided, src=0)
+    assert decided[0] is not None
+    return decided[0]
 
 
 def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> TrainResult:
@@ -241,7 +267,7 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     began = time.perf_counter()
     trainer = Trainer(cfg, device)
     result.build_s = time.perf_counter() - began
-    peak, peak_source = _dense_peak(cfg, device)
+    peak, peak_source = _dense_peak(cfg, device, attempt_dir)
     result.peak_s = time.perf_counter() - began - result.build_s
     # The cap counts from the probe's baseline (the model is inside it) but is set only now:
     # building imports shared libraries lazily, and an address-space limit would fail those.

@@ -36,7 +36,8 @@ def test_standalone_run_writes_one_line_per_step_then_the_summary(
         assert record["tokens"] == 4 * 64
         assert record["flops_per_token"] == flops_per_token_all(run_config().model, 64)
         assert record["mfu_pct"] == 100 * record["mfu"]["full_attention"]
-        assert record["peak_flops_source"] == "measured:cpu-matmul-fp32" and record["peak_flops"] > 0
+        assert record["peak_flops_source"].startswith("measured:cpu-matmul-fp32 (once per host per sweep")
+        assert record["peak_flops"] > 0
         assert record["mem_source"] == "cpu-rss-anon" and len(record["mem_per_rank"]) == 1
     assert set(summary) == SUMMARY_KEYS and summary["kind"] == "summary"
     assert summary["warmup_steps_skipped"] == 1 and summary["step_time_n"] == 4

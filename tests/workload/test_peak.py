@@ -1,24 +1,32 @@
-"""The dense peak MFU divides by: the catalog on GPUs, a measured matmul on CPU."""
+"""The CPU peak: measured once per host per sweep and shared by its runs, so MFU of two runs
+divides by the same number."""
 
 from __future__ import annotations
 
-from sweep.catalog import get_gpu
-from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak
+from pathlib import Path
+
+from sweep.workload.peak import peak_file, read_stored_peak, store_peak
+from sweep.workload.train import sweep_dir_of
 
 
-def test_gpu_peaks_come_from_the_catalog() -> None:
-    value, source = catalog_peak("h100-sxm", "bf16")
-    assert value == get_gpu("h100-sxm").dense_peak("bf16")
-    assert source == "catalog:h100-sxm:bf16"
+def test_the_first_stored_peak_wins_and_every_later_run_reads_it(tmp_path: Path) -> None:
+    path = peak_file(tmp_path, "fp32", 2, 1)
+    first = store_peak(path, 3.0e10, "measured:cpu-matmul-fp32")
+    second = store_peak(path, 7.0e10, "measured:cpu-matmul-fp32")  # a later, noisier measure
+    assert first == second == read_stored_peak(path)
+    assert first[0] == 3.0e10 and "once per host per sweep" in first[1]
+    assert list(path.parent.iterdir()) == [path]  # no temp files left
 
 
-def test_the_cpu_peak_is_measured_and_says_so() -> None:
-    value, source = measure_cpu_matmul_peak("fp32", seconds=0.05, size=128)
-    assert source == "measured:cpu-matmul-fp32"
-    # Wide bounds: 8 engineers share 2 cores here (76 MFLOP/s was seen under load average 12).
-    assert 1e7 < value < 1e13
+def test_a_peak_is_kept_per_dtype_and_shape(tmp_path: Path) -> None:
+    assert peak_file(tmp_path, "fp32", 2, 1) != peak_file(tmp_path, "bf16", 2, 1)
+    assert peak_file(tmp_path, "fp32", 2, 1) != peak_file(tmp_path, "fp32", 1, 2)
 
 
-def test_the_cpu_peak_names_a_half_precision_dtype() -> None:
-    assert measure_cpu_matmul_peak("bf16", seconds=0.01, size=64)[1] == "measured:cpu-matmul-bf16"
-    assert measure_cpu_matmul_peak("tf32", seconds=0.01, size=64)[1] == "measured:cpu-matmul-fp32"
+def test_the_sweep_folder_is_found_from_an_attempt_folder(tmp_path: Path) -> None:
+    attempt = tmp_path / "sweep" / "runs" / "r1" / "attempts" / "3"
+    attempt.mkdir(parents=True)
+    assert sweep_dir_of(attempt) == (tmp_path / "sweep").resolve()
+    elsewhere = tmp_path / "by-hand"
+    elsewhere.mkdir()
+    assert sweep_dir_of(elsewhere) == elsewhere.resolve()
