@@ -180,7 +180,7 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
     # An array task is `<array>_<task>` in sacct, while its status.json has the task's own id.
     job_id = env_job_id(env) if env.get("slurm_array") else \
         (_first(status, "slurm_job_id") or env_job_id(env) or job_id_from_output_link(attempt_dir))
-    acct = (accounting or {}).get(str(job_id)) if job_id is not None else None
+    acct = _accounting_of(accounting or {}, job_id)
     if acct is None:  # the local backend leaves its sacct-like row in the attempt folder
         local_row = _read_json(attempt_dir / LOCAL_ACCOUNTING_FILE, issues)
         if isinstance(local_row, dict) and local_row.get("State"):
@@ -195,6 +195,16 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
     row["torch_version"] = row["torch_version"] or summary_torch
     row["collect_issues"] = issues
     return row
+
+
+def _accounting_of(accounting: Mapping[str, Mapping[str, Any]], job_id: Any) -> Any:
+    """The sacct entry of an attempt's job. An array task is `<array>_<task>`, except where sacct
+    still shows the array by its master id alone (a one-task array, or one never split off, as
+    `sweep status` also reads it)."""
+    if job_id is None:
+        return None
+    job = str(job_id)
+    return accounting.get(job) or (accounting.get(job.split("_")[0]) if "_" in job else None)
 
 
 def _load_config(run_dir: Path, issues: list[str]) -> tuple[RunConfig | None, str | None]:

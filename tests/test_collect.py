@@ -379,3 +379,16 @@ def test_a_multi_node_megatron_attempt_takes_steps_from_one_node_and_memory_from
     assert parsed.steps and row["last_step"] == parsed.last_step
     assert row["mem_reserved_bytes"] == 71000 * 2**20
     assert row["mem_allocated_bytes"] == 60000 * 2**20
+
+
+def test_an_array_task_sacct_still_shows_by_its_master_id_is_read_from_that_row(tmp_path) -> None:
+    """sacct may list a one-task array as `88`, not `88_0`, for a while after it ends;
+    `sweep status` reads that row, so collect reads it too, and they agree."""
+    config = framework_config("megatron", dp=1, world=2)
+    attempt = write_run(tmp_path, config) / "attempts" / "1"
+    attempt.mkdir(parents=True)
+    (attempt / "job.out").symlink_to(tmp_path / "batches" / "b1" / "0" / "slurm-88_0.out")
+    rows = [{"JobID": "88", "State": "FAILED", "ExitCode": "2:0", "DerivedExitCode": "0:0"}]
+    (row,) = collect_sweep(tmp_path, accounting=rows).table.to_pylist()
+    assert (row["outcome"], row["status_source"]) == ("crashed", "sacct")
+    assert row["slurm_job_id"] == "88_0"
