@@ -28,6 +28,7 @@ import jinja2
 
 from sweep import space
 from sweep.frameworks import get_adapter
+from sweep.resources import job_memory
 from sweep.cli import UserError
 from sweep.runconfig import RunConfig
 from sweep.spec import SLURM_VALUE_PATTERN, Spec
@@ -249,6 +250,9 @@ def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> d
         "framework_version": get_adapter(config.framework).version(
             settings.get("framework_version")).key,
         "checkout_env": get_adapter(config.framework).checkout_env,
+        "mem": settings.get("mem") or job_memory(config.gpu, config.gpus_per_node,
+                                                 bool(settings.get("exclusive", True)),
+                                                 config.predicted),
         "nccl_timeout_s": max(int(settings.get("startup_timeout_s", 600)),
                               int(settings.get("hang_timeout_s", 300))),
     }

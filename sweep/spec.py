@@ -166,7 +166,7 @@ class RunSettings(_Strict):
     reservation: SlurmValue | None = None
     exclude: list[SlurmValue] = []
     cpus_per_task: PositiveInt | None = None
-    mem: SlurmValue | None = None  # Slurm --mem per node, e.g. "64G"
+    mem: SlurmValue | None = None  # Slurm --mem per node, e.g. "64G"; None: from the plan (sweep.resources)
     rank_memory_limit_mb: PositiveInt | None = None  # RLIMIT_AS per rank (CPU OOM demo and tests)
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = {}
     framework_dir: str | None = None  # checkout of Megatron-LM / nanotron / torchtitan
