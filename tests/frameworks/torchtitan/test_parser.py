@@ -1,7 +1,7 @@
 """The torchtitan parser reads real step lines of the 2024 (wps), 2025 (tps, tflops) and 2026 (grad_norm) formats.
 
 Fixtures: tests/fixtures/logs/torchtitan_steps_*.log and fail_illegal_memory_access_1.log (copies
-of ../shared/refdata/logs with their #SOURCE headers). The 2026 lines carry ANSI colour codes.
+of the reference data's logs/ ($SWEEP_REFDATA, data/README.md) with their #SOURCE headers). The 2026 lines carry ANSI colour codes.
 """
 
 from __future__ import annotations
