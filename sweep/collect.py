@@ -356,9 +356,10 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
                      issues: list[str]) -> list[dict[str, Any]]:
     """Step records of a Megatron/nanotron/torchtitan attempt, and its peak memory.
 
-    Steps come from the node log with the most step lines: frameworks print them on one rank
-    (Megatron: the last; nanotron: the first of the last PP stage), so on multi-node runs most
-    node logs have none. Memory is the peak over every node's log: each rank that reports memory
+    Steps come from the node log whose step lines carry a loss, then from the one with the most
+    step lines: frameworks print them on one rank (Megatron: the last; nanotron: the first of the
+    last PP stage), so on multi-node runs most node logs have none; torchtitan prints them on
+    every rank, and only the last pipeline stage's have a loss. Memory is the peak over every node's log: each rank that reports memory
     reports its own, and the most loaded GPU is on any node (Megatron prints memory on DP-rank-0
     ranks of every stage, and the first stage usually holds the most)."""
     from sweep.logs import LogParseError, get_parser
@@ -381,7 +382,7 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
             continue
         steps = [dataclasses.asdict(step) for step in parsed.steps]
         peaks.append((parsed.peak_mem_allocated_bytes, parsed.peak_mem_reserved_bytes))
-        if len(steps) > len(best) or not best:
+        if _log_rank(steps) > _log_rank(best) or not best:
             best = steps
             row["parser"] = row["metrics_source"] = f"log:{framework}@{parsed.format_version or '?'}"
             if parsed.truncated:
@@ -390,6 +391,12 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
     if peaks:
         row["_log_memory"] = tuple(_max_known(values) for values in zip(*peaks))
     return best
+
+
+def _log_rank(steps: list[dict[str, Any]]) -> tuple[int, int]:
+    """Which node log speaks for the run: the one whose steps carry a loss (the last pipeline
+    stage's node, where every node prints every step), then the one with the most steps."""
+    return sum(1 for step in steps if step.get("loss") is not None), len(steps)
 
 
 def _max_known(values: Iterable[int | None]) -> int | None:

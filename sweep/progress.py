@@ -65,6 +65,7 @@ class Progress:
     tokens_per_step_per_gpu: float | None = None  # derives step times from logged tokens/s/GPU
     step_times: dict[int, float] = field(default_factory=dict)  # step -> seconds, in step order
     _tails: dict[Path, FileTail] = field(default_factory=dict)
+    _seen: set[int] = field(default_factory=set)
 
     def poll(self) -> int:
         """Read what is new; returns how many step records appeared."""
@@ -83,7 +84,10 @@ class Progress:
                         new_steps.append((step, self._seconds(matched)))
         self._keep_times(new_steps)
         if new_steps:
-            self.steps_seen += len(new_steps)
+            # Distinct step numbers: every rank of a torchtitan run (--tee) and every node of some
+            # frameworks prints each step, and a step is one step however many print it.
+            self._seen.update(step for step, _ in new_steps)
+            self.steps_seen = len(self._seen)
             previous = [] if self.last_step is None else [self.last_step]
             self.last_step = max([step for step, _ in new_steps] + previous)
             self.last_progress = time.monotonic()

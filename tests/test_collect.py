@@ -406,3 +406,21 @@ def test_the_logged_rate_check_tests_the_batch_not_the_spread_of_step_times() ->
     assert issues == []
     _check_logged_rate(steps, 1, {"tokens_per_sec": 750.0}, issues)  # half the logged batch
     assert len(issues) == 1 and "does the run's batch match run.json" in issues[0]
+
+
+def test_the_node_log_with_the_losses_speaks_for_a_pipeline_run(tmp_path) -> None:
+    """Every torchtitan rank prints every step, and only the last stage's lines carry a real
+    loss: collect takes that node's steps, even when the first node's log has more lines."""
+    config = framework_config("torchtitan", dp=1, world=2)
+    attempt = write_run(tmp_path, config) / "attempts" / "1"
+    (attempt / "logs").mkdir(parents=True)
+
+    def line(step: int, loss: str) -> str:
+        return (f"[rank0]:[titan] 2026-01-01 00:00:{step:02d},000 - root - INFO - step: {step}  "
+                f"loss: {loss}  grad_norm: 1.0  memory: 10.00GiB(12.00%)  tps: 1,000  "
+                f"tflops: 100.00  mfu: 10.00%\n")
+
+    (attempt / "logs" / "node0.out").write_text("".join(line(s, "-1.0000") for s in range(1, 9)))
+    (attempt / "logs" / "node1.out").write_text("".join(line(s, "7.5000") for s in range(1, 7)))
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert row["last_step"] == 6

@@ -77,3 +77,23 @@ def test_step_times_are_kept_once_per_step_in_step_order(tmp_path: Path) -> None
     (logs / "node0.out").write_text("\n".join(lines) + "\n")  # the same lines, and the first one late
     progress.poll()
     assert progress.step_times == expected and list(progress.step_times) == sorted(expected)
+
+
+def test_a_step_printed_by_every_rank_is_counted_once(tmp_path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = "".join(f"[rank{rank}]:step {step}\n" for step in (1, 2, 3) for rank in range(4))
+    (logs / "node0.out").write_text(lines)
+
+    class Step:
+        def __init__(self, step: int) -> None:
+            self.step = step
+
+    def match(line: str):  # noqa: ANN202 - a stand-in for a framework parser
+        return Step(int(line.rsplit(" ", 1)[1])) if "step" in line else None
+
+    from sweep.progress import Progress
+
+    progress = Progress(tmp_path, match_step=match)
+    assert progress.poll() == 12  # twelve records: progress
+    assert progress.steps_seen == 3 and progress.last_step == 3
