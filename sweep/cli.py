@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "memory-check": "score the memory model and the pruning rules against runs that really happened",
     "calibrate": "fit the throughput model's coefficients to completed runs",
     "replay": "replay a published sweep under a search strategy",
+    "frameworks": "the framework versions llm-sweep renders for, and what each cannot run",
 }
 
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from sweep import classify, schema
+from sweep.frameworks.matrix import capability_tables, support_matrix
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -15,7 +16,8 @@ def generated_sections() -> dict[str, str]:
     for row in classify.rule_table():
         when = row["description"].replace("|", r"\|")
         rules.append(f"| `{row['rule']}` | {row['outcome']} | {when} |")
-    return {"rules": "\n".join(rules), "schema": schema.markdown_table()}
+    return {"rules": "\n".join(rules), "schema": schema.markdown_table(),
+            "frameworks": support_matrix(), "capabilities": capability_tables()}
 
 
 def section(text: str, name: str) -> str | None:
