@@ -55,3 +55,39 @@ def test_every_capability_rule_gives_a_reason_and_a_source_and_a_mask(name: str)
 def test_an_unknown_framework_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="known frameworks"):
         get_adapter("deepspeed")
+
+
+def test_sweep_frameworks_prints_every_version_and_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    from sweep.cli import main
+
+    assert main(["frameworks", "--capabilities"]) == 0
+    printed = capsys.readouterr().out
+    for adapter in all_adapters():
+        for version in adapter.versions:
+            assert f"`{version.key}`" in printed
+        for rule in adapter.capabilities:
+            assert f"| {adapter.name} | `{rule.name}` |" in printed
+
+
+def test_the_planner_prunes_what_the_framework_cannot_run_and_says_why() -> None:
+    """Megatron has no GPipe schedule: a gpipe row would run 1F1B under a gpipe label."""
+    from sweep import space
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("""
+name: caps
+framework: megatron
+models: [playbook-8b]
+nodes: [1]
+seq_len: 4096
+global_batch: {sequences: 64}
+axes: {tp: [1, 2], pp: [1, 2], mbs: [1], zero_stage: [1], pp_schedule: [1f1b, gpipe]}
+""")
+    frame = space.plan(spec)
+    gpipe = frame[(frame["pp"] > 1) & (frame["pp_schedule"] == "gpipe")]
+    assert len(gpipe) and (gpipe["status"] == "pruned:framework").all()
+    assert gpipe["prune_detail"].str.startswith("gpipe_schedule: ").all()
+    assert "GPipe" in str(gpipe["prune_detail"].iloc[0])
+    others = frame[frame["status"] != "pruned:framework"]
+    assert others["prune_detail"].isna().all()
+    assert (frame["status"] == "kept").any()
