@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import sys
-import tempfile
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import replace
@@ -32,7 +31,7 @@ from sweep.resources import job_memory
 from sweep.cli import UserError
 from sweep.runconfig import RunConfig
 from sweep.spec import SLURM_VALUE_PATTERN, Spec
-from sweep.state import ATTEMPTS_DIR, RUN_FILE, atomic_write_text
+from sweep.state import ATTEMPTS_DIR, RUN_FILE, atomic_write_text, make_temp
 
 TEMPLATE_SUFFIX = ".j2"
 JOB_TEMPLATE = "job.sbatch.j2"
@@ -302,7 +301,7 @@ def write_if_changed(path: Path, text: str, durable: bool = True) -> bool:
             return True
         except FileExistsError:
             pass
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = make_temp(path)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)

@@ -25,10 +25,28 @@ ATTEMPTS_DIR = "attempts"
 SLURM_STDERR_LINK = "job.err"  # in an attempt folder: the batch script's stderr (job.sbatch links it)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; a sweep folder is shared (login node, compute nodes, colleagues),
+# so files written through a temporary name get the mode an ordinary open would give them.
+FILE_MODE = 0o666 & ~_umask()
+
+
+def make_temp(path: Path) -> tuple[int, str]:
+    """A temporary file beside `path` (for an atomic rename onto it), with the usual file mode."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, FILE_MODE)
+    return fd, tmp
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = make_temp(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -41,3 +41,16 @@ def test_attempt_numbers_are_unique_under_concurrency(tmp_path: Path) -> None:
         thread.join()
     assert sorted(int(p.name) for p in made) == list(range(1, 9))
     assert [p.name for p in state.attempt_dirs(tmp_path)] == [str(i) for i in range(1, 9)]
+
+
+def test_files_written_through_a_temporary_name_get_the_usual_mode(tmp_path) -> None:
+    """mkstemp makes 0600 files; a sweep folder is shared, so they must read like the rest."""
+    import os
+
+    from sweep.state import atomic_write_json
+
+    path = tmp_path / "bad_nodes.json"
+    atomic_write_json(path, {"a": 1})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 from typing import Final
 
@@ -23,7 +22,7 @@ from sweep.calibrate import predict_plan
 from sweep.cli import UserError
 from sweep.commands.calibrate import COEFFICIENTS_FILE, load_coefficients
 from sweep.spec import Spec, load_spec
-from sweep.state import atomic_write_text
+from sweep.state import atomic_write_text, make_temp
 from sweep.throughput import Coefficients
 
 PLAN_FILE = "plan.parquet"
@@ -130,7 +129,7 @@ def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> N
         raise UserError(f"{out} holds runs of another spec (hash {previous}); give --out a new "
                         "directory, or remove the old sweep first")
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{PLAN_FILE}.", suffix=".tmp", dir=out)
+    fd, tmp = make_temp(out / PLAN_FILE)
     os.close(fd)
     try:
         frame.to_parquet(tmp, index=False)
