@@ -33,12 +33,25 @@ COMMANDS: dict[str, str] = {
 }
 
 
+DESCRIPTION = ("Benchmark sweeps of distributed LLM training: plan the parallel configurations\n"
+               "of a spec, run them on Slurm (or on this machine), collect and report.")
+EPILOG = """a sweep, from a spec to a report:
+  sweep run examples/local-cpu.yaml            everything, on this machine
+  sweep submit SPEC                            plan, render, preflight, submit job arrays
+  sweep status results/NAME --watch            follow it; `sweep resume` reruns what failed
+  sweep collect results/NAME --sacct && sweep report results/NAME
+
+`sweep COMMAND --help` explains each command."""
+
+
 class UserError(Exception):
     """An error caused by input; printed without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweep", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sweep", description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sweep {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, summary in COMMANDS.items():
