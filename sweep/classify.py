@@ -100,6 +100,9 @@ PATTERNS: tuple[_Pattern, ...] = (
        r"Detected \d+ oom[-_]kill event|: Out Of Memory\s*$|Memory cgroup out of memory|oom-kill:|Killed process \d+"),
     _p("cgroup_oom", "oom", "slurm_memory_limit", r"exceeded memory limit \(\d+ > \d+\), being killed"),
     _p("collective_timeout", "hang", "nccl_watchdog_timeout", r"Watchdog caught collective operation timeout"),
+    _p("collective_timeout", "hang", "nccl_work_timeout",
+       r"Timeout at NCCL work: \d+|WorkNCCL\(.*\) timed out in blocking wait|"
+       r"ran for \d+ milliseconds before timing out"),
     _p("collective_timeout", "hang", "gloo_timeout",
        r"Timed out waiting \d+ms for (?:recv|send) operation|Application timeout caused pair closure"),
     _p("slurm_time_limit", "timeout", "slurm_time_limit", r"DUE TO TIME LIMIT"),
@@ -108,6 +111,8 @@ PATTERNS: tuple[_Pattern, ...] = (
        r"Signal 11 \(SIGSEGV\)|Segmentation fault|Caught signal 11\b|exitcode\s*:\s*-11\b|\(exitcode: -11\)"),
     _p("nccl_error", "crashed", "nccl_error",
        r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|unhandled system error"),
+    _p("nccl_watchdog_abort", "hang", "nccl_watchdog_abort",
+       r"Some NCCL operations have failed or timed out|we are taking the entire process down"),
     _p("cuda_error", "crashed", "cuda_error", r"CUDA error: (?!out of memory)|c10::CUDAError|CUDA_ERROR_\w+"),
     _p("aborted", "crashed", "sigabrt", r"Fatal Python error: Aborted|Signal 6 \(SIGABRT\)|exitcode\s*:\s*-6\b"),
     _p("killed_by_sigkill", "crashed", "sigkill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|\(exitcode: -9\)"),
@@ -413,6 +418,9 @@ RULES: tuple[Rule, ...] = (
     Rule("killed_by_sigkill", "crashed", "a rank was SIGKILLed (the launcher's exitcode -9); not called oom without "
          "an oom-kill record", _from_log("killed_by_sigkill")),
     Rule("nccl_error", "crashed", "NCCL error other than a timeout", _from_log("nccl_error")),
+    Rule("nccl_watchdog_abort", "hang", "PyTorch's NCCL watchdog took the process down ('Some NCCL operations have "
+         "failed or timed out ... taking the entire process down') and no NCCL error line names another cause: "
+         "a collective that never completed", _from_log("nccl_watchdog_abort")),
     Rule("cuda_error", "crashed", "other CUDA errors (unknown error, launch failure, ...)", _from_log("cuda_error")),
     Rule("aborted", "crashed", "SIGABRT (usually after a C++ exception)", _from_log("aborted")),
     Rule("peer_failure", "crashed", "a peer went away (gloo/socket): a symptom, used when nothing better shows",

@@ -294,6 +294,11 @@ ONE_LINERS = {
     "cgroup_oom_kill": "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=12.batch.",
     "slurm_memory_limit": "slurmstepd: error: StepId=54.batch exceeded memory limit (163708928 > 104857600), being killed",
     "nccl_watchdog_timeout": "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE)",
+    "nccl_work_timeout": "[rank0]:[E1206 18:44:16.994932383 ProcessGroupNCCL.cpp:1709] [PG 1 Rank 0] Timeout at "
+                         "NCCL work: 7753, last enqueued NCCL work: 7755, last completed NCCL work: 7752.",
+    "nccl_watchdog_abort": "[rank3]:[E626 16:48:25.440250129 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations "
+                           "have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent "
+                           "GPU operations might run on corrupted/incomplete data.",
     "gloo_timeout": "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for recv operation",
     "slurm_time_limit": "slurmstepd: error: *** JOB 9 ON node1 CANCELLED AT 2026-11-22T07:00:00 DUE TO TIME LIMIT ***",
     "slurm_cancelled": "slurmstepd: error: *** JOB 9 ON node1 CANCELLED AT 2026-11-22T07:00:00 ***",
@@ -337,3 +342,25 @@ def test_slurm_failures_outrank_a_steady_stop():
     node_fail = Evidence(log_text=log_body("fail_slurm_node_fail_2.log"), exit_codes={"node0": -15}, steady_state=STEADY)
     assert classify(node_fail).outcome == "node_fail"
     assert classify(Evidence(slurm_state="PREEMPTED", steady_state=STEADY)).outcome == "preempted"
+
+
+# PyTorch's own wording of an NCCL watchdog abort with no "Watchdog caught" line, as pasted in
+# snowflakedb/ArcticTraining#219 (torch 2.7, 2025-06): ranks say the collective failed or timed
+# out and take the process down; no NCCL error names another cause.
+NCCL_WATCHDOG_ABORT = """\
+[rank5]:[E626 16:48:25.440238649 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 5]  failure detected by watchdog at work sequence id: 120049 PG status: last enqueued work: 120051, last completed work: 120048
+[rank3]:[E626 16:48:25.440250129 ProcessGroupNCCL.cpp:684] [Rank 3] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.
+[rank3]:[E626 16:48:25.440271515 ProcessGroupNCCL.cpp:698] [Rank 3] To avoid data inconsistency, we are taking the entire process down.
+"""
+
+
+def test_an_nccl_watchdog_abort_without_the_timeout_line_is_a_hang_not_a_plain_crash():
+    verdict = classify(Evidence(log_text=NCCL_WATCHDOG_ABORT, exit_codes={"node0": -6}, last_step=40))
+    assert (verdict.outcome, verdict.rule) == ("hang", "nccl_watchdog_abort")
+    assert any("Some NCCL operations have failed" in line for line in verdict.evidence_lines)
+
+
+def test_an_nccl_error_beside_the_abort_lines_names_the_cause():
+    error = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8\n"
+    verdict = classify(Evidence(log_text=NCCL_WATCHDOG_ABORT + error, exit_codes={"node0": 1}))
+    assert (verdict.outcome, verdict.rule) == ("crashed", "nccl_error")
