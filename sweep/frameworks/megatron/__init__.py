@@ -11,11 +11,21 @@ ADAPTER = FrameworkAdapter(
     description="Megatron-LM's pretrain_gpt.py with mock data, launched by torchrun",
     parser=MegatronParser,
     flops_convention="megatron",
-    versions=(SupportedVersion("core_r0.17+", "megatron-core 0.17 and later, Megatron-LM main "
-                                              "of 2026"),),
+    versions=(SupportedVersion(
+        "core_r0.17+",
+        "megatron-core 0.17 and later (a Megatron-LM checkout of tag core_v0.17.0 or newer, "
+        "main of 2026 included)",
+        tested_with=("megatron-core 0.17.1", "megatron-core 0.19.2")),),
     default_version="core_r0.17+",
     capabilities=capabilities.RULES,
     zero_stages=(0, 1),
     entry_point="pretrain_gpt.py",
     checkout_env="MEGATRON_DIR",
+    notes=(
+        ("Every run needs Transformer Engine: launch/megatron.args names --transformer-impl "
+         "transformer_engine (Megatron's default); fp8 (--fp8-format hybrid) also needs a GPU of "
+         "compute capability 8.9 or newer."),
+        ("The launch arguments are launch/megatron.args, one per line; the contract test runs "
+         "them through Megatron's own parse_args and validate_args."),
+    ),
 )

@@ -1,12 +1,12 @@
 """The Megatron-LM parser reads real iteration and memory lines of three format generations.
 
-Fixtures: tests/fixtures/logs/megatron_steps_*.log (copies of ../shared/refdata/logs, with their
+Fixtures: tests/fixtures/logs/megatron_steps_*.log (copies of the reference data's logs/ ($SWEEP_REFDATA, data/README.md), with their
 #SOURCE headers). Expected values are read off the fixture lines by eye and written out here.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -73,7 +73,7 @@ def test_2024_format_with_timestamp_and_throughput(parser):
     assert [r.step for r in log.steps] == [2, 3, 71, 72, 73]
     assert log.format_version == "megatron-2024"
     step2 = log.steps[0]
-    assert step2.timestamp == datetime(2024, 4, 6, 2, 55, 45, tzinfo=timezone.utc).timestamp()
+    assert step2.timestamp == datetime(2024, 4, 6, 2, 55, 45, tzinfo=UTC).timestamp()
     assert step2.tflops_per_gpu == 231.9
     assert step2.loss == 2.02153  # lm loss, not load_balancing_loss
     assert step2.grad_norm == 6.895 and step2.global_batch_size == 128 and step2.step_time_s == 5.6301
@@ -141,5 +141,5 @@ def test_microsecond_timestamp_of_megatron_main(parser):
     )
     record = parser.match_step(line)
     assert record.format_version == "megatron-2025"
-    assert record.timestamp == datetime(2025, 11, 2, 10, 0, 1, 250000, tzinfo=timezone.utc).timestamp()
+    assert record.timestamp == datetime(2025, 11, 2, 10, 0, 1, 250000, tzinfo=UTC).timestamp()
     assert (record.step, record.step_time_s, record.tflops_per_gpu, record.loss) == (30, 0.4642, 412.3, 10.77634)
