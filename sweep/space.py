@@ -110,6 +110,9 @@ class RuleContext:
     allow_tp_across_nodes: bool = False
     memory_budget_bytes: int | None = None  # None: no memory rule (no fixed ceiling)
     framework_version: str = ""  # "": the adapter's default version
+    overlap_communication: bool = True
+    tp_comm_overlap: bool = False
+    gpu: str = ""
 
     @classmethod
     def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
@@ -123,14 +126,18 @@ class RuleContext:
                    max_mbs=spec.constraints.max_mbs,
                    allow_tp_across_nodes=spec.constraints.allow_tp_across_nodes,
                    memory_budget_bytes=budget,
-                   framework_version=spec.run.framework_version or "")
+                   framework_version=spec.run.framework_version or "",
+                   overlap_communication=spec.run.overlap_communication,
+                   tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu)
 
     def capability_context(self) -> CapabilityContext:
         adapter = get_adapter(self.framework)
         return CapabilityContext(
             model=self.model, dtype=self.dtype, seq_len=self.seq_len,
             gpus_per_node=self.gpus_per_node, global_batch_sequences=self.global_batch_sequences,
-            framework_version=adapter.version(self.framework_version or None).key)
+            framework_version=adapter.version(self.framework_version or None).key,
+            overlap_communication=self.overlap_communication,
+            tp_comm_overlap=self.tp_comm_overlap, gpu=self.gpu)
 
 
 # Pipeline stage placement -----------------------------------------------------------------------

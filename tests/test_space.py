@@ -154,7 +154,7 @@ def test_one_f_one_b_needs_pp_minus_one_micro_batches() -> None:
 
 
 def test_context_parallel_needs_two_chunks_per_rank() -> None:
-    ctx = context(seq_len=4096 + 8)  # 4104 = 8 · 513
+    ctx = context(seq_len=4096 + 8, framework="megatron")  # 4104 = 8 · 513 (nanotron has no CP)
     assert first_rule(candidate(cp=[2, 4, 8], sp=False), ctx) == ["kept", "kept", "cp_seq"]
     # sequence parallelism splits each CP chunk over tp as well: 4104 / (2·16) is not whole
     sp = candidate(cp=2, tp=[4, 16], sp=True)

@@ -45,6 +45,9 @@ class CapabilityContext:
     gpus_per_node: int
     global_batch_sequences: int
     framework_version: str  # a key of the adapter's `versions`
+    overlap_communication: bool = True  # run.overlap_communication (sweep/spec.py)
+    tp_comm_overlap: bool = False  # run.tp_comm_overlap
+    gpu: str = ""  # the catalog GPU name (sweep/catalog/gpus.yaml), "cpu" for CPU runs
 
 
 @dataclass(frozen=True)

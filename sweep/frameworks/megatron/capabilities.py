@@ -51,12 +51,9 @@ def _moe_tp_without_sp(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
 
 
 def _tp_comm_overlap_without_sp(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
-    """Only where the context says the spec asks for TP communication overlap.
-
-    CapabilityContext has no `tp_comm_overlap` field yet (the run settings are not part of it);
-    until it has, this rule never fires and launch/megatron.sh refuses such a run at launch."""
-    wanted = bool(getattr(ctx, "tp_comm_overlap", False))
-    return wanted & (columns["tp"] > 1) & ~np.asarray(columns["sp"], bool)
+    """Only where the spec asks for TP communication overlap (run.tp_comm_overlap). An override
+    can still turn it on for a few runs after planning: launch/megatron.sh refuses those."""
+    return ctx.tp_comm_overlap & (columns["tp"] > 1) & ~np.asarray(columns["sp"], bool)
 
 
 RULES: Final[tuple[CapabilityRule, ...]] = (

@@ -96,3 +96,25 @@ axes: {tp: [1], pp: [2], cp: [1], ep: [1], mbs: [1], zero_stage: [0],
     assert by_schedule == {"1f1b": "kept", "gpipe": "pruned:framework"}
     detail = plan.loc[plan["pp_schedule"] == "gpipe", "prune_detail"].iloc[0]
     assert detail.startswith("gpipe_schedule: Megatron-LM has no GPipe")
+
+
+def test_tp_comm_overlap_without_sequence_parallelism_is_pruned_when_the_spec_asks_for_it() -> None:
+    from sweep import space
+    from sweep.spec import parse_spec
+
+    text = """
+name: overlap
+framework: megatron
+models: [playbook-8b]
+nodes: [1]
+seq_len: 4096
+global_batch: {sequences: 64}
+axes: {tp: [2], pp: [1], mbs: [1], zero_stage: [1], sp: [true, false]}
+run: {tp_comm_overlap: %s}
+"""
+    asked = space.plan(parse_spec(text % "true"))
+    no_sp = asked[~asked["sp"]]
+    assert len(no_sp) and (no_sp["status"] == "pruned:framework").all()
+    assert no_sp["prune_detail"].str.startswith("tp_comm_overlap_without_sp").all()
+    not_asked = space.plan(parse_spec(text % "false"))
+    assert (not_asked[~not_asked["sp"]]["status"] != "pruned:framework").all()

@@ -49,9 +49,15 @@ def recorder(tmp_path: Path) -> Path:
 
 
 def one_run(m: Any, recorder: Path, where: dict[str, Any], models: list[dict[str, Any]] | None = None,
+            after_planning: dict[str, Any] | None = None,
             **settings: Any) -> tuple[Any, dict[str, str]]:
+    """One rendered run; `after_planning` settings reach only the render (as an override added
+    after `sweep plan` would), so the launcher's own refusals can be tested."""
     spec = m.family_spec("tpl", "bf16", models, nodes=(1,), python=str(recorder), **settings)
     plan = space.plan(spec)
+    if after_planning:
+        spec = m.family_spec("tpl", "bf16", models, nodes=(1,), python=str(recorder),
+                             **settings, **after_planning)
     rows = plan[plan["status"] == space.KEPT]
     for column, value in where.items():
         rows = rows[rows[column] == value]
@@ -84,7 +90,7 @@ def test_the_launcher_passes_the_args_file_line_for_line(tmp_path: Path, recorde
 def test_tp_comm_overlap_without_sp_refuses_to_launch(tmp_path: Path, recorder: Path,
                                                       megatron_family: Any) -> None:
     _, files = one_run(megatron_family, recorder, {"model": "dense-tied-8l", "tp": 2, "sp": False},
-                       tp_comm_overlap=True)
+                       after_planning={"tp_comm_overlap": True})
     assert "--tp-comm-overlap" not in files["launch/megatron.args"]
     result = launch(write_run(tmp_path, files), tmp_path, tmp_path / "record")
     assert result.returncode == 3
@@ -122,7 +128,8 @@ def test_the_args_file_is_one_argument_per_line(megatron_family: Any, recorder: 
 def test_shellcheck_passes_the_launcher(tmp_path: Path, megatron_family: Any,
                                         recorder: Path) -> None:
     for settings in ({}, {"tp_comm_overlap": True}):
-        _, files = one_run(megatron_family, recorder, {"tp": 2, "sp": False}, **settings)
+        _, files = one_run(megatron_family, recorder, {"tp": 2, "sp": False},
+                           after_planning=settings)
         script = tmp_path / "megatron.sh"
         script.write_text(files["launch/megatron.sh"])
         result = subprocess.run(["shellcheck", "-s", "bash", str(script)], capture_output=True,
