@@ -1,8 +1,10 @@
 """The best configuration of each (model, nodes) cell, by a chosen metric and FLOPs convention.
 
-Only completed attempts compete. Ties break on tokens/s/GPU, then run id and attempt, so the
-choice is deterministic. A cell with no winner says why (not run, all OOM, …). Reads runs.parquet
-columns only (sweep.schema); no Slurm, no rendering.
+Only completed attempts whose numbers pass the checks of analysis.checks compete (an MFU above 1,
+or collect issues saying the run's numbers disagree, rule a run out); each cell counts and names
+the runs so left out, for the marks of the heatmap and the tables. Ties break on tokens/s/GPU,
+then run id and attempt, so the choice is deterministic. A cell with no winner says why (not
+run, all OOM, …). Reads runs.parquet columns only (sweep.schema); no Slurm, no rendering.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Final
 
 import pandas as pd
+
+from analysis.checks import check_failures, run_name
 
 METRICS: Final = ("mfu", "tokens_per_sec_per_gpu")
 CONVENTIONS: Final = ("reported", "megatron", "full_attention", "6N")
@@ -42,6 +46,26 @@ def describe(metric: str, convention: str) -> str:
     return f"MFU ({convention})"
 
 
+def value_column(metric: str) -> str:
+    """The column of best_configs' frame that holds the ranked figure as shown (MFU in %)."""
+    return "mfu_pct" if metric == "mfu" else "tokens_per_sec_per_gpu"
+
+
+def value_label(metric: str, convention: str) -> str:
+    """Axis and colour-bar label of the ranked figure, with its unit and convention."""
+    if metric == "tokens_per_sec_per_gpu":
+        return "Tokens/s per GPU"
+    return f"MFU (%), {convention}" if convention != "reported" else "MFU (%), as reported"
+
+
+def format_value(metric: str, value: float) -> str:
+    """The ranked figure as a cell shows it: MFU to 2 decimals like the playbook, tokens/s whole
+    (3 significant digits below 100, as tiny CPU runs have)."""
+    if metric == "mfu":
+        return f"{value:.2f}%"
+    return f"{value:,.0f} tok/s" if abs(value) >= 100 else f"{value:.3g} tok/s"
+
+
 def cell_keys(runs: pd.DataFrame, plan: pd.DataFrame | None = None) -> tuple[list[str], list[int]]:
     """Models ordered by size, then node counts ascending: the heatmap's rows and columns
     (with a plan, also the cells that were planned but never ran)."""
@@ -71,11 +95,16 @@ def _labels(runs: pd.DataFrame) -> dict[str, str]:
             **dict(zip(labels["model"], labels["model_label"]))}
 
 
-def empty_reason(cell: pd.DataFrame, column: str) -> str:
-    """Why a cell has no winner, from the outcomes of its attempts."""
+def empty_reason(cell: pd.DataFrame, column: str, failed_checks: int = 0) -> str:
+    """Why a cell has no winner, from the outcomes of its attempts (`failed_checks`: completed
+    attempts left out because their numbers failed a check)."""
     if cell.empty:
         return "not run"
     completed = cell[cell["outcome"] == "completed"]
+    if failed_checks:
+        without = int(completed[column].isna().sum())
+        return (f"no trusted run: {failed_checks} completed run(s) failed a check"
+                + (f", {without} without {column}" if without else ""))
     if not completed.empty:
         return f"{len(completed)} completed run(s) without {column}"
     counts = cell["outcome"].value_counts()
@@ -97,7 +126,10 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
     planned = dict(tuple(plan.groupby(["model", "nodes"], sort=False))) if plan is not None else {}
     labels = _labels(runs)
     sizes = runs.groupby("model")["model_params"].max().to_dict()
-    eligible = runs[(runs["outcome"] == "completed") & runs[column].notna()]
+    runs = runs.reset_index(drop=True)  # a concatenation may repeat labels; cells select by them
+    failures = check_failures(runs)
+    failed = (runs["outcome"] == "completed") & failures.map(bool)
+    eligible = runs[(runs["outcome"] == "completed") & runs[column].notna() & ~failed]
     ordered = eligible.sort_values([column, "tokens_per_sec_per_gpu", "run_id", "attempt"],
                                    ascending=[False, False, True, True], kind="mergesort")
     winners = ordered.drop_duplicates(["model", "nodes"], keep="first").set_index(["model", "nodes"])
@@ -106,10 +138,13 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
     for model in models:
         for node_count in nodes:
             cell = grouped.get((model, node_count), runs.iloc[0:0])
+            left_out = cell[failed.loc[cell.index]]
             row = {"model": labels.get(model, model), "model_name": model, "nodes": node_count,
                    "model_params": sizes.get(model),
                    "n_attempts": len(cell), "n_completed": int((cell["outcome"] == "completed").sum()),
-                   "metric": metric, "convention": convention}
+                   "metric": metric, "convention": convention, "n_failed_checks": len(left_out),
+                   "failed_checks": "; ".join(f"{run_name(run)}: {', '.join(failures[index])}"
+                                              for index, run in left_out.iterrows())}
             if (model, node_count) in winners.index:
                 win = winners.loc[(model, node_count)]
                 row.update({k: win[k] for k in (*LAYOUT_COLUMNS, "run_id", "attempt", "layout_label",
@@ -124,7 +159,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
             elif cell.empty and (model, node_count) in planned:
                 row["empty_reason"] = plan_reason(planned[(model, node_count)])
             else:
-                row["empty_reason"] = empty_reason(cell, column)
+                row["empty_reason"] = empty_reason(cell, column, len(left_out))
             rows.append(row)
     frame = pd.DataFrame(rows)
     for name in (*BEST_CSV_COLUMNS, "run_id", "attempt", "layout_label", "mfu"):

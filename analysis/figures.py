@@ -1,4 +1,9 @@
-"""The report's other figures: scaling curves, failure breakdown, MFU distribution per cell."""
+"""The report's other figures: scaling curves, failure breakdown, distribution per cell.
+
+Every figure has a title and labelled axes; counts get integer ticks; a log axis labels its
+ticks in plain numbers (1, 2, 5 per decade) and a narrow range, where a log axis would label at
+most one tick, is drawn linear.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,46 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import (FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter,
+                               NullLocator)
 
-from analysis.best import describe, mfu_column
-from analysis.style import OUTCOME_COLOURS, SERIES, paper_style, save
+from analysis.best import describe, ranking_column, value_label
+from analysis.checks import check_failures
+from analysis.style import CHECK_COLOUR, OUTCOME_COLOURS, SERIES, paper_style, save
 from sweep.schema import OUTCOMES
+
+MIN_BOX_POINTS = 5  # fewer runs in a cell: points alone; a box over 1-4 points suggests a spread
+LOG_SUBS = (1.0, 2.0, 5.0)  # labelled ticks per decade on a log axis
+
+
+def _plain(value: float, _: object = None) -> str:
+    """A tick label in plain digits with thousands separators (no 10^k, no trailing .0)."""
+    return f"{value:,.0f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def _nice_bounds(low: float, high: float) -> tuple[float, float]:
+    """The 1-2-5 values of the decades just below `low` and just above `high`."""
+    steps = [s * 10.0 ** k for k in range(int(np.floor(np.log10(low))) - 1,
+                                          int(np.ceil(np.log10(high))) + 1) for s in LOG_SUBS]
+    return max(s for s in steps if s <= low), min(s for s in steps if s >= high)
+
+
+def value_axis(ax: plt.Axes, values: np.ndarray | pd.Series) -> None:
+    """A y axis that spans `values` (positive) with at least three labelled plain-number ticks:
+    logarithmic where they span a decade or more (models differ by orders of magnitude in
+    tokens/s), linear from 0 otherwise."""
+    data = np.asarray(values, dtype=float)
+    data = data[np.isfinite(data) & (data > 0)]
+    if data.size and data.max() / data.min() >= 10:
+        ax.set_yscale("log")
+        ax.set_ylim(*_nice_bounds(float(data.min()), float(data.max())))
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=LOG_SUBS))
+        ax.yaxis.set_minor_locator(LogLocator(base=10, subs=tuple(range(1, 10))))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax.set_ylim(bottom=0, top=float(data.max()) * 1.08 if data.size else None)
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, min_n_ticks=3))
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
 
 
 def _node_axis(ax: plt.Axes, nodes: list[int]) -> None:
@@ -23,7 +63,7 @@ def _node_axis(ax: plt.Axes, nodes: list[int]) -> None:
 
 
 def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
-    """Best MFU and best tokens/s/GPU against nodes, one line per model."""
+    """MFU and tokens/s/GPU of each cell's best run against nodes, one line per model."""
     nodes = sorted(set(int(n) for n in best["nodes"]))
     convention = best["convention"].iloc[0]
     with paper_style():
@@ -37,13 +77,10 @@ def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
         for ax in (left, right):
             _node_axis(ax, nodes)
             ax.grid(True, which="major", color="#DDDDDD", linewidth=0.6)
-        left.set_ylabel(f"Best MFU (%), {convention}")
+        left.set_ylabel(value_label("mfu", convention))
         left.set_ylim(bottom=0)
-        right.set_ylabel("Tokens/s per GPU of that run")
-        right.set_yscale("log")  # models differ by orders of magnitude in tokens/s
-        right.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        right.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:,.0f}"))
-        right.yaxis.set_minor_formatter(NullFormatter())
+        right.set_ylabel(value_label("tokens_per_sec_per_gpu", convention))
+        value_axis(right, best.loc[best["mfu_pct"].notna(), "tokens_per_sec_per_gpu"])
         left.legend(title="Model", frameon=False)
         fig.suptitle("Best configuration per cell against nodes, ranked by "
                      f"{describe(best['metric'].iloc[0], convention)}", x=0.01, ha="left")
@@ -84,43 +121,75 @@ def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path) -> list[Path
             ax.set_xticks(positions, [str(n) for n in table.index])
             ax.set_xlabel("Nodes")
             ax.set_title(str(model), loc="left")
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # counts
+            ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
+            ax.set_axisbelow(True)
         axes[0][0].set_ylabel("Attempts")
         handles = {}
         for ax in axes[0]:
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, handle)
-        fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=len(handles),
-                   frameon=False, bbox_to_anchor=(0.5, 1.08))
+        fig.legend(handles.values(), handles.keys(), loc="center left", title="Outcome",
+                   frameon=False, bbox_to_anchor=(1.0, 0.5))
+        fig.suptitle(f"Attempts per cell by outcome class ({int(counts.to_numpy().sum())} "
+                     "attempts)", x=0.01, ha="left")
         fig.tight_layout()
         return save(fig, stem)
 
 
-def plot_distribution(runs: pd.DataFrame, order: list[str], convention: str, stem: Path) -> list[Path]:
-    """MFU of every completed run per cell (box plot), with the best run marked."""
-    column = mfu_column(convention)
-    done = runs[(runs["outcome"] == "completed") & runs[column].notna()]
+def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path) -> list[Path]:
+    """The ranked figure of every completed run per cell, with the cell's winner starred.
+
+    Points for every run (jittered); a box only where a cell has MIN_BOX_POINTS runs or more.
+    Runs that failed a check (analysis.checks) are not drawn, as their impossible figures would
+    squash the axis: each panel's title counts them, and the flags name them."""
+    metric, convention = best["metric"].iloc[0], best["convention"].iloc[0]
+    column = ranking_column(metric, convention)
+    scale = 100.0 if metric == "mfu" else 1.0
+    completed = runs[(runs["outcome"] == "completed") & runs[column].notna()]
+    failed = check_failures(completed).map(bool)
+    done, left_out = completed[~failed], completed[failed]
+    placed = best.dropna(subset=["run_id"])
+    winners = set(zip(placed["run_id"], placed["attempt"].astype(int)))
+    order = list(dict.fromkeys(best["model"]))
+    rng = np.random.default_rng(0)  # fixed jitter: the figure is reproducible
     with paper_style():
         fig, axes = plt.subplots(1, len(order), figsize=(2.3 + 2.1 * len(order), 3.0),
                                  sharey=True, squeeze=False)
         for ax, model in zip(axes[0], order):
             group = done[done["model_label"] == model]
-            nodes = sorted(group["nodes"].unique())
-            data = [100.0 * group.loc[group["nodes"] == n, column].to_numpy() for n in nodes]
-            if data:
-                ax.boxplot(data, positions=range(len(nodes)), widths=0.6, showfliers=False,
-                           medianprops={"color": "#D55E00"}, boxprops={"color": "#444444"},
-                           whiskerprops={"color": "#444444"}, capprops={"color": "#444444"})
-                rng = np.random.default_rng(0)  # fixed jitter: the figure is reproducible
-                xs = np.concatenate([i + rng.uniform(-0.18, 0.18, len(v)) for i, v in enumerate(data)])
-                ax.scatter(xs, np.concatenate(data), s=4, color="#0072B2", alpha=0.35, linewidths=0,
+            nodes = sorted(int(n) for n in group["nodes"].unique())
+            for position, node_count in enumerate(nodes):
+                cell = group[group["nodes"] == node_count]
+                data = scale * cell[column].to_numpy()
+                if len(data) >= MIN_BOX_POINTS:
+                    ax.boxplot([data], positions=[position], widths=0.6, showfliers=False,
+                               medianprops={"color": "#D55E00"}, boxprops={"color": "#444444"},
+                               whiskerprops={"color": "#444444"}, capprops={"color": "#444444"})
+                spread = 0.18 if len(data) >= MIN_BOX_POINTS else 0.08
+                xs = position + rng.uniform(-spread, spread, len(data))
+                ax.scatter(xs, data,
+                           s=4 if len(data) >= MIN_BOX_POINTS else 14, color="#0072B2",
+                           alpha=0.35 if len(data) >= MIN_BOX_POINTS else 0.8, linewidths=0,
                            zorder=3, rasterized=True)  # one raster per panel keeps PDF/SVG small
-                ax.scatter(range(len(data)), [v.max() for v in data], marker="*", s=50,
-                           color="black", zorder=4)
-                ax.set_xticks(range(len(nodes)), [str(int(n)) for n in nodes])
+                won = [(r, int(a)) in winners for r, a in zip(cell["run_id"], cell["attempt"])]
+                ax.scatter(xs[won], data[won], marker="*", s=60, color="black", zorder=4)
+            ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
+            ax.set_xlim(-0.6, max(len(nodes), 1) - 0.4)
             ax.set_xlabel("Nodes")
-            ax.set_title(f"{model}  (n = {len(group)})", loc="left")
+            excluded = int((left_out["model_label"] == model).sum())
+            if excluded:
+                ax.set_title(f"{model}  (n = {len(group)})\n+{excluded} failed a check, not drawn",
+                             loc="left", color=CHECK_COLOUR)
+            else:
+                ax.set_title(f"{model}  (n = {len(group)})", loc="left")
             ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
-        axes[0][0].set_ylabel(f"MFU (%), {convention}")
-        fig.suptitle("MFU of every completed run per cell (★ best)", x=0.01, ha="left")
+        if metric == "tokens_per_sec_per_gpu":
+            value_axis(axes[0][0], done[column])
+        else:
+            axes[0][0].set_ylim(bottom=0)
+        axes[0][0].set_ylabel(value_label(metric, convention))
+        fig.suptitle(f"{describe(metric, convention)} of every completed run per cell (★ best; "
+                     f"boxes where ≥ {MIN_BOX_POINTS} runs)", x=0.01, ha="left")
         fig.tight_layout()
         return save(fig, stem)

@@ -1,10 +1,15 @@
 """Flags for numbers a reader should not trust blindly, each with the reason.
 
+- `check_flags`: completed runs left out of the ranking because their numbers failed a check
+  (analysis.checks), each named with every check it failed.
 - `basis_flags`: the reported MFU is not on one FLOPs basis within a model (implied FLOPs per token
   = MFU × peak / tokens/s/GPU differ), and which configuration column explains it.
 - `selection_flags`: cells whose best configuration changes with the FLOPs convention or the
-  metric, and why.
-- `coverage_flags`: completed runs that cannot compete (no value for the ranking column).
+  metric, and the cause: the convention (conventions disagree among themselves) or what differs
+  between the runs (the peak FLOP/s or FLOPs per token; conventions agree, tokens/s does not).
+- `coverage_flags`: completed runs that cannot compete (no value for the ranking column), with
+  each run's own reason.
+- `collect_issue_flags`: every collect issue of every attempt, per cell and run.
 - `value_flags`: MFU above 1, failed runs that carry throughput, a reported MFU that does not
   match its stated convention, cells that mix global batch sizes.
 """
@@ -13,12 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from analysis.best import CONVENTIONS, best_configs, describe, ranking_column
+from analysis.checks import MFU_COLUMNS, check_failures, issues_of, run_name
+from sweep.schema import CONVENTIONS as SCHEMA_CONVENTIONS
 
 BASIS_TOLERANCE = 0.005  # implied FLOPs/token within 0.5 % count as one basis
 EXPLAINING_COLUMNS = ("pp", "tp", "dp", "zero_stage", "mbs", "grad_acc", "cp", "nodes")
+THROUGHPUT = describe("tokens_per_sec_per_gpu", "reported")  # the metric's name in the flags
 
 
 @dataclass(frozen=True)
@@ -72,62 +81,136 @@ def basis_flags(runs: pd.DataFrame) -> list[Flag]:
     return flags
 
 
-def _explain_change(a: pd.Series, b: pd.Series, primary: str, others: list[str]) -> str:
-    text = (f"{primary} picks {a['layout_label']}; {', '.join(others)} "
-            f"pick{'s' if len(others) == 1 else ''} {b['layout_label']}. Tokens/s/GPU: "
-            f"{a['tokens_per_sec_per_gpu']:.6g} vs {b['tokens_per_sec_per_gpu']:.6g}")
+Key = tuple[str, int]
+
+
+def _key(cell: pd.Series) -> Key | None:
+    return None if pd.isna(cell.get("run_id")) else (str(cell["run_id"]), int(cell["attempt"]))
+
+
+def _gflops(value: float) -> str:
+    return f"{value / 1e9:.4g}"
+
+
+def _differ(a: object, b: object) -> bool:
+    """Both known and more than BASIS_TOLERANCE apart."""
+    return bool(pd.notna(a) and pd.notna(b)
+                and abs(float(a) - float(b)) > BASIS_TOLERANCE * min(abs(float(a)), abs(float(b))))
+
+
+def _convention_cause(a: pd.Series, b: pd.Series, a_names: list[str], b_names: list[str]) -> str:
+    """Why two conventions pick different runs: the reported figures are on another FLOPs basis,
+    or the conventions weigh the two runs' FLOPs per token differently."""
     fa, fb = a.get("flops_per_token_reported"), b.get("flops_per_token_reported")
-    if pd.notna(fa) and pd.notna(fb) and abs(fa - fb) > BASIS_TOLERANCE * min(fa, fb):
-        text += (f". The reported MFU counts {fa / 1e9:.4g} GFLOP/token for the first and "
-                 f"{fb / 1e9:.4g} for the second ({100 * (fa / fb - 1):+.1f} %): the reported "
-                 "figures are not on one basis")
-        if a["tokens_per_sec_per_gpu"] < b["tokens_per_sec_per_gpu"]:
+    reported = describe("mfu", "reported")
+    if reported in a_names + b_names and _differ(fa, fb):
+        text = (f"Cause: the FLOPs convention. The reported MFU counts {_gflops(fa)} GFLOP/token for "
+                f"{a['layout_label']} and {_gflops(fb)} for {b['layout_label']} "
+                f"({100 * (fa / fb - 1):+.1f} %): the reported figures are not on one basis")
+        slower, faster = (a, b) if reported in a_names else (b, a)
+        if slower["tokens_per_sec_per_gpu"] < faster["tokens_per_sec_per_gpu"]:
             text += ", so the faster run loses on reported MFU"
-    elif a["tokens_per_sec_per_gpu"] < b["tokens_per_sec_per_gpu"]:
-        text += (". The first does more FLOPs per token under its convention (another model "
-                 "shape, sequence length or GPU within the cell)")
-    return text + "."
+        return text + "."
+    counts = [f"{c}: {_gflops(a[f'flops_per_token_{c}'])} vs {_gflops(b[f'flops_per_token_{c}'])}"
+              for c in SCHEMA_CONVENTIONS if pd.notna(a[f"flops_per_token_{c}"])]
+    return ("Cause: the FLOPs convention. The conventions weigh the two runs' FLOPs per token "
+            f"differently (GFLOP/token, {a['layout_label']} vs {b['layout_label']}: "
+            + "; ".join(counts) + ").")
+
+
+def _throughput_cause(a: pd.Series, b: pd.Series, convention: str, conventions_agree: bool) -> str:
+    """Why MFU (under `convention`) picks `a` while tokens/s per GPU picks `b`. MFU is tokens/s ×
+    FLOPs per token ÷ peak, so within a cell only a different peak or a different FLOPs count per
+    token can reorder the runs: name the one that differs."""
+    agree = "every FLOPs convention picks the same run, " if conventions_agree else ""
+    if _differ(a["peak_flops"], b["peak_flops"]):
+        return ("Cause: the peak FLOP/s, not the FLOPs convention: " + agree + "but the runs divide "
+                f"by different peaks ({a['layout_label']}: {a['peak_flops'] / 1e12:.4g} TFLOP/s, "
+                f"{a['peak_flops_source']}; {b['layout_label']}: {b['peak_flops'] / 1e12:.4g} "
+                f"TFLOP/s, {b['peak_flops_source']}), so the higher MFU is not the faster run; "
+                "tokens/s per GPU compares them on one footing.")
+    column = f"flops_per_token_{convention}"
+    if _differ(a.get(column), b.get(column)):
+        return (f"Cause: the FLOPs per token: under {convention} the first counts "
+                f"{_gflops(a[column])} GFLOP/token and the second {_gflops(b[column])} (another "
+                "model shape or sequence length within the cell).")
+    return ("Cause not found in runs.parquet: the two runs have the same peak FLOP/s and FLOPs "
+            "per token, yet MFU and tokens/s rank them apart.")
+
+
+def _explain_cell(own: Key, picks: dict[str, Key], primary: str, convention: str,
+                  by_key: pd.DataFrame) -> str:
+    """The picks of a cell and the real cause of each disagreement.
+
+    Conventions that disagree among themselves blame the convention; conventions that agree with
+    one another but not with tokens/s per GPU blame what differs between the runs (the peak each
+    divides by, or their FLOPs per token)."""
+    groups: dict[Key, list[str]] = {}
+    for name, key in picks.items():
+        groups.setdefault(key, []).append(name)
+    run = {key: by_key.loc[key] for key in {own, *groups}}
+    agreeing = [primary, *(name for name in groups.get(own, []) if name != primary)]
+    others = [(key, names) for key, names in groups.items() if key != own]
+    text = "; ".join(f"{', '.join(names)} pick{'s' if len(names) == 1 else ''} "
+                     f"{run[key]['layout_label']}" for key, names in [(own, agreeing), *others])
+    text += ". Tokens/s/GPU: " + " vs ".join(
+        f"{run[key]['tokens_per_sec_per_gpu']:.6g}" for key in [own, *(k for k, _ in others)])
+    causes = []
+    by_convention = {c: picks[describe("mfu", c)] for c in CONVENTIONS if describe("mfu", c) in picks}
+    anchor = by_convention.get(convention) or next(iter(by_convention.values()), own)
+    anchor_names = groups.get(anchor, [primary])
+    for key, names in groups.items():
+        if key != anchor and any(name != THROUGHPUT for name in names):
+            causes.append(_convention_cause(run[anchor], run[key], anchor_names, names))
+    throughput = picks.get(THROUGHPUT)
+    if throughput is not None and by_convention and throughput not in by_convention.values():
+        causes.append(_throughput_cause(run[anchor], run[throughput], convention,
+                                        len(set(by_convention.values())) == 1))
+    return text + ". " + " ".join(causes)
 
 
 def selection_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
-    primary = best_configs(runs, metric, convention)
-    primary_name = describe(metric, convention)
-    alternatives = [("mfu", c) for c in CONVENTIONS] + [("tokens_per_sec_per_gpu", convention)]
+    """Cells whose winner changes with the FLOPs convention or the metric, with the cause.
+
+    Every convention and tokens/s per GPU rank each cell (one best_configs per ranking column)."""
+    winners: dict[str, pd.DataFrame] = {}
+    picks_of: dict[str, str] = {}
+    for name, (alt_metric, alt_convention) in {
+            **{describe("mfu", c): ("mfu", c) for c in CONVENTIONS},
+            THROUGHPUT: ("tokens_per_sec_per_gpu", convention)}.items():
+        column = ranking_column(alt_metric, alt_convention)
+        if column not in winners:
+            winners[column] = best_configs(runs, alt_metric, alt_convention)
+        picks_of[name] = column
+    primary = winners[ranking_column(metric, convention)]
     by_key = runs.set_index(["run_id", "attempt"]).sort_index()
-    picks: dict[int, dict[tuple[str, int], list[str]]] = {}
-    for alt_metric, alt_convention in alternatives:
-        if (alt_metric, alt_convention) == (metric, convention) or \
-                (alt_metric == metric == "tokens_per_sec_per_gpu"):
-            continue
-        other = best_configs(runs, alt_metric, alt_convention)
-        for index, (a_id, a_att, b_id, b_att) in enumerate(zip(
-                primary["run_id"], primary["attempt"], other["run_id"], other["attempt"])):
-            if pd.isna(a_id) or pd.isna(b_id) or (a_id, a_att) == (b_id, b_att):
-                continue
-            picks.setdefault(index, {}).setdefault((b_id, int(b_att)), []).append(
-                describe(alt_metric, alt_convention))
     flags = []
-    for index, alternatives_by_pick in picks.items():
-        cell = primary.iloc[index]
-        a = by_key.loc[(cell["run_id"], int(cell["attempt"]))]
-        reasons = [_explain_change(a, by_key.loc[key], primary_name, names)
-                   for key, names in alternatives_by_pick.items()]
+    for index, cell in primary.iterrows():
+        own = _key(cell)
+        if own is None:
+            continue
+        picks = {name: key for name, column in picks_of.items()
+                 if (key := _key(winners[column].iloc[index])) is not None}
+        if all(key == own for key in picks.values()):
+            continue
         flags.append(Flag("best-config-changes", str(cell["model"]), int(cell["nodes"]),
-                          " ".join(reasons)))
+                          _explain_cell(own, picks, describe(metric, convention), convention, by_key)))
     return flags
 
 
 def value_flags(runs: pd.DataFrame) -> list[Flag]:
     flags = []
-    mfu_columns = [c for c in runs.columns if c.startswith("mfu_") and c != "mfu_reported_convention"]
-    for column in mfu_columns:
-        high = runs[runs[column] > 1.0]
-        for (label, nodes), cell in high.groupby(["model_label", "nodes"]):
-            worst = cell.loc[cell[column].idxmax()]
-            flags.append(Flag("mfu-above-1", str(label), int(nodes),
-                              f"{len(cell)} attempt(s) with {column} > 1 (up to {worst[column]:.4g}, "
-                              f"{worst['run_id']}#{worst['attempt']}): impossible; check the peak "
-                              "FLOP/s (dense, not sparse) and the tokens/s (global vs per GPU)"))
+    above = runs[list(MFU_COLUMNS)].gt(1.0)
+    high = runs[above.any(axis=1)]
+    for (label, nodes), cell in high.groupby(["model_label", "nodes"]):
+        worst_column = cell[list(MFU_COLUMNS)].max().idxmax()
+        worst = cell.loc[cell[worst_column].idxmax()]
+        columns = [c for c in MFU_COLUMNS if above.loc[cell.index, c].any()]
+        flags.append(Flag("mfu-above-1", str(label), int(nodes),
+                          f"{len(cell)} attempt(s) with MFU > 1 under {', '.join(columns)} (up to "
+                          f"{worst[worst_column]:.4g} in {worst_column}, {run_name(worst)}): "
+                          "impossible, so never ranked; check the peak FLOP/s (dense, not sparse; "
+                          "on CPU, the measured one) and the tokens/s (global vs per GPU)"))
     failed = runs[(runs["outcome"] != "completed")
                   & (runs["tokens_per_sec_per_gpu"].notna() | runs["mfu_reported"].notna())]
     if not failed.empty:
@@ -154,18 +237,76 @@ def value_flags(runs: pd.DataFrame) -> list[Flag]:
     return flags
 
 
+def _where(row: pd.Series) -> tuple[str, int | None]:
+    """The cell a flag about one run names: its model label and nodes ("*" when run.json was
+    missing and the row has no configuration)."""
+    label = row.get("model_label")
+    label = label if isinstance(label, str) and label else row.get("model")
+    nodes = row.get("nodes")
+    return (str(label) if isinstance(label, str) and label else "*",
+            int(nodes) if pd.notna(nodes) else None)
+
+
+def check_flags(runs: pd.DataFrame) -> list[Flag]:
+    """One `failed-check` flag per completed attempt left out of the ranking (analysis.checks),
+    naming the run and every check it failed."""
+    failures = check_failures(runs)
+    flags = []
+    for position in np.flatnonzero((runs["outcome"] == "completed") & failures.map(bool)):
+        row = runs.iloc[position]
+        reasons = "; ".join(failures.iloc[position])
+        flags.append(Flag("failed-check", *_where(row), f"{run_name(row)} is left out of every "
+                          f"ranking: {reasons}{'' if reasons.endswith(('.', '?')) else '.'}"))
+    return flags
+
+
+def collect_issue_flags(runs: pd.DataFrame) -> list[Flag]:
+    """Every collect issue of every attempt, one `collect-issues` flag per cell, run by run.
+
+    Nothing is summarised away: a reader must be able to see that the winning run's files had
+    a problem, whatever the problem."""
+    rows = runs[runs["collect_issues"].map(lambda v: bool(issues_of(v)))]
+    by_cell: dict[tuple[str, int | None], list[str]] = {}
+    for _, row in rows.iterrows():
+        by_cell.setdefault(_where(row), []).append(
+            f"{run_name(row)} ({row['outcome']}): " + "; ".join(issues_of(row["collect_issues"])))
+    return [Flag("collect-issues", model, nodes, f"{len(lines)} attempt(s) with collect issues: "
+                 + " | ".join(lines)) for (model, nodes), lines in by_cell.items()]
+
+
+def _unranked_reason(row: pd.Series, column: str) -> str:
+    """Why a completed attempt has no `column`, from its own record: the first missing input of
+    the figure, then collect's issues (a corrupt metrics file says so there)."""
+    if pd.isna(row["tokens_per_sec_per_gpu"]):
+        source = row.get("metrics_source")
+        reason = "no throughput was measured" + (f" (metrics from {source})" if pd.notna(source)
+                                                 else " (no metrics were read)")
+    elif column == "mfu_reported":
+        reason = "its framework logs no MFU; --convention full_attention recomputes one"
+    elif pd.isna(row["peak_flops"]):
+        reason = f"no peak FLOP/s known for {row.get('gpu')} {row.get('dtype')}"
+    else:
+        reason = f"no {column.replace('mfu_', 'flops_per_token_')} (model shape unknown)"
+    issues = issues_of(row["collect_issues"])
+    return reason + ("; collect: " + "; ".join(issues) if issues else "")
+
+
 def coverage_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
-    """Completed attempts that cannot compete: the ranking column is empty for them."""
+    """Completed attempts that cannot compete: the ranking column is empty for them. The reason
+    is each run's own (its collect issues, or what is missing), grouped by reason."""
     column = ranking_column(metric, convention)
     missing = runs[(runs["outcome"] == "completed") & runs[column].isna()]
     if missing.empty:
         return []
-    hint = (" (their framework logs no MFU); --convention full_attention recomputes one for every run"
-            if column == "mfu_reported" else " (no throughput was measured)")
+    by_reason: dict[str, list[str]] = {}
+    for _, row in missing.iterrows():
+        by_reason.setdefault(_unranked_reason(row, column), []).append(run_name(row))
+    parts = [f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()]
     return [Flag("not-ranked", "*", None, f"{len(missing)} completed attempt(s) have no {column} and "
-                 f"are left out of the ranking{hint}.")]
+                 "are left out of the ranking. " + " | ".join(parts))]
 
 
 def all_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
-    return (basis_flags(runs) + selection_flags(runs, metric, convention) + value_flags(runs)
-            + coverage_flags(runs, metric, convention))
+    return (check_flags(runs) + basis_flags(runs) + selection_flags(runs, metric, convention)
+            + value_flags(runs) + coverage_flags(runs, metric, convention)
+            + collect_issue_flags(runs))

@@ -1,8 +1,11 @@
-"""The playbook-style heatmap: models × nodes, each cell the best run's MFU, layout and memory.
+"""The playbook-style heatmap: models × nodes, each cell the best run's figure, layout and memory.
 
-Colour is the MFU of the best configuration (under the chosen convention); the annotation reads
-like the playbook's (DP/TP/PP, GAS/MBS/ZeRO); an empty cell is grey and says why it is empty.
-A dagger marks cells whose best configuration changes with the convention or the metric.
+Colour and the first line are the ranked figure of the best configuration (`--metric`: MFU under
+the chosen convention, or tokens/s per GPU); the annotation reads like the playbook's (DP/TP/PP,
+GAS/MBS/ZeRO); an empty cell is grey and says why it is empty. A dagger marks cells whose best
+configuration changes with the convention or the metric; a red "!" badge marks cells where a
+completed run failed a check and was left out of the ranking (analysis.checks), so a reader sees
+that the cell's figure is the best *trusted* one.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.colors import Normalize
+from matplotlib.colors import Colormap, Normalize
 from matplotlib.patches import Rectangle
 
-from analysis.best import describe
-from analysis.style import EMPTY_CELL, HEATMAP_CMAP, paper_style, save, text_colour
+from analysis.best import describe, format_value, value_column, value_label
+from analysis.checks import MARK, MARK_NOTE
+from analysis.style import CHECK_COLOUR, EMPTY_CELL, HEATMAP_CMAP, paper_style, save, text_colour
 
 
 def _layout_lines(cell: pd.Series) -> list[str]:
@@ -47,10 +51,11 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
     models = list(dict.fromkeys(best["model"]))
     nodes = sorted(set(int(n) for n in best["nodes"]))
     metric, convention = best["metric"].iloc[0], best["convention"].iloc[0]
+    shown = value_column(metric)
     values = np.full((len(models), len(nodes)), np.nan)
     for _, cell in best.iterrows():
-        if pd.notna(cell.get("mfu_pct")):
-            values[models.index(cell["model"]), nodes.index(int(cell["nodes"]))] = cell["mfu_pct"]
+        if pd.notna(cell.get("run_id")) and pd.notna(cell.get(shown)):
+            values[models.index(cell["model"]), nodes.index(int(cell["nodes"]))] = cell[shown]
     finite = values[np.isfinite(values)]
     norm = Normalize(vmin=0.0, vmax=max(float(finite.max()) if finite.size else 1.0, 1e-9))
     cmap = plt.get_cmap(HEATMAP_CMAP)
@@ -63,7 +68,8 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
         ax.set_ylim(edges_y[-1], edges_y[0])  # first model on top
         for _, cell in best.iterrows():
             row, col = models.index(cell["model"]), nodes.index(int(cell["nodes"]))
-            _annotate(ax, cell, row, col, cmap, norm, (cell["model"], int(cell["nodes"])) in flagged)
+            _annotate(ax, cell, row, col, (cmap, norm, metric),
+                      (cell["model"], int(cell["nodes"])) in flagged)
         ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
         ax.set_yticks(range(len(models)), [_model_tick(best, m) for m in models])
         gpus = best.loc[best["nodes"] == nodes[0], "world_size"].dropna()
@@ -74,21 +80,33 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
         for spine in ax.spines.values():
             spine.set_visible(False)
         bar = fig.colorbar(image, ax=ax, fraction=0.035, pad=0.015)
-        bar.set_label(f"MFU (%), {convention}" if convention != "reported" else "MFU (%), as reported")
+        bar.set_label(value_label(metric, convention))
         ranked = describe(metric, convention)
         ax.set_title(title or f"Best configuration per cell, ranked by {ranked}", loc="left")
-        notes = ["Cell: MFU of the best run; DP TP PP; GAS MBS ZeRO; peak memory reserved (GiB)."]
+        notes = [f"Cell: {ranked} of the best run; DP TP PP; GAS MBS ZeRO; peak memory reserved (GiB)."]
         if flagged:
             notes.append("† the best configuration changes with the FLOPs convention or the "
                          "metric; see the flags in the report.")
-        fig.text(0.01, -0.01, "\n".join(notes), ha="left", va="top", fontsize=7.5, color="#444444",
-                 transform=fig.transFigure)
+        if (best.get("n_failed_checks", pd.Series(dtype=float)).fillna(0) > 0).any():
+            notes.append(MARK_NOTE)
+        width = int(fig.get_figwidth() * 16)  # characters of 7.5 pt per line: notes stay in the figure
+        fig.text(0.01, -0.01, "\n".join(line for note in notes for line in textwrap.wrap(note, width)),
+                 ha="left", va="top", fontsize=7.5, color="#444444", transform=fig.transFigure)
         return save(fig, stem)
 
 
-def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int, cmap, norm: Normalize,
-              flagged: bool) -> None:
-    if pd.isna(cell.get("mfu_pct")):
+def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int,
+              scale: tuple[Colormap, Normalize, str], flagged: bool) -> None:
+    """One cell's text; `scale` is the colour map, its norm and the metric shown."""
+    cmap, norm, metric = scale
+    failed_checks = cell.get("n_failed_checks")
+    if pd.notna(failed_checks) and failed_checks > 0:  # a badge reads on filled and empty cells
+        ax.text(col + 0.41, row - 0.36, MARK, ha="center", va="center", fontsize=8,
+                fontweight="bold", color="white", zorder=4,
+                bbox={"boxstyle": "circle,pad=0.18", "facecolor": CHECK_COLOUR, "edgecolor": "white",
+                      "linewidth": 0.8})
+    value = cell.get(value_column(metric))
+    if pd.isna(cell.get("run_id")) or pd.isna(value):
         ax.add_patch(Rectangle((col - 0.5 + 0.012, row - 0.5 + 0.02), 0.976, 0.96,
                                facecolor=EMPTY_CELL, edgecolor="#CCCCCC", hatch="///",
                                linewidth=0, zorder=1))
@@ -99,9 +117,9 @@ def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int, cmap, norm: Nor
                 fontsize=6.5, color="#333333", zorder=2,
                 bbox={"boxstyle": "round,pad=0.2", "facecolor": EMPTY_CELL, "edgecolor": "none"})
         return
-    colour = text_colour(cmap(norm(cell["mfu_pct"])))
+    colour = text_colour(cmap(norm(value)))
     mark = " †" if flagged else ""
-    ax.text(col, row - 0.27, f"{cell['mfu_pct']:.2f}%{mark}", ha="center", va="center",
+    ax.text(col, row - 0.27, f"{format_value(metric, value)}{mark}", ha="center", va="center",
             fontsize=9, fontweight="bold", color=colour)
     lines = _layout_lines(cell)
     memory = cell.get("gpu_memory_GB")

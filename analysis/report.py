@@ -18,7 +18,8 @@ from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC, best_configs, desc
 from analysis.figures import outcome_counts, plot_distribution, plot_failures, plot_scaling
 from analysis.flags import Flag, all_flags
 from analysis.heatmap import plot_heatmap
-from analysis.tables import best_display, to_markdown, write_best_tables, write_failure_tables
+from analysis.tables import (best_display, check_footnotes, to_markdown, write_best_tables,
+                             write_failure_tables)
 from sweep.schema import check_frame
 
 
@@ -68,7 +69,7 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
     files = plot_heatmap(best, out_dir / "heatmap_best", flagged)
     files += plot_scaling(best, out_dir / "scaling")
     files += plot_failures(runs, order, out_dir / "failures")
-    files += plot_distribution(runs, order, convention, out_dir / "mfu_distribution")
+    files += plot_distribution(runs, best, out_dir / "mfu_distribution")
     files += write_best_tables(best, out_dir, f"Best configuration per model and node count, "
                                f"ranked by {ranked}.")
     counts = outcome_counts(runs)
@@ -111,9 +112,10 @@ th:first-child,td:first-child{text-align:left}
 <p>{{ summary }}</p>
 {% for note in notes %}<p class="muted">{{ note }}</p>{% endfor %}
 <h2>Best configuration per cell</h2>
-<img src="heatmap_best.png" alt="MFU heatmap of the best configuration per model and node count">
+<img src="heatmap_best.png" alt="Heatmap of the best configuration per model and node count, by {{ ranked }}">
 <p class="muted">Also as <a href="heatmap_best.pdf">PDF</a> and <a href="heatmap_best.svg">SVG</a>.</p>
 {{ best_table }}
+{% for note in footnotes %}<p class="muted">{{ note }}</p>{% endfor %}
 <p class="muted">Tables: <a href="best_configs.csv">CSV (full precision)</a>,
 <a href="best_configs_detail.csv">CSV with provenance</a>, <a href="best_configs.md">Markdown</a>,
 <a href="best_configs.tex">LaTeX (booktabs)</a>.</p>
@@ -122,7 +124,7 @@ th:first-child,td:first-child{text-align:left}
 ({{ flag.model }}{% if flag.nodes is not none %}, {{ flag.nodes }} nodes{% endif %}): {{ flag.message }}</div>
 {% endfor %}{% else %}<p>No flags: every number passed the checks.</p>{% endif %}
 <h2>Scaling</h2>
-<img src="scaling.png" alt="Best MFU and tokens per second per GPU against nodes, per model">
+<img src="scaling.png" alt="MFU and tokens/s per GPU of each cell's best run against nodes">
 <h2>Failures</h2>
 <img src="failures.png" alt="Attempts per cell by outcome class">
 {{ failure_table }}
@@ -131,8 +133,8 @@ th:first-child,td:first-child{text-align:left}
 reasons in the <code>skipped:</code> columns (every candidate's fate: search_runs.csv in the sweep
 folder).</p>
 {{ search_table }}{% endif %}
-<h2>MFU distribution per cell</h2>
-<img src="mfu_distribution.png" alt="MFU of every completed run per cell">
+<h2>Distribution per cell: {{ ranked }}</h2>
+<img src="mfu_distribution.png" alt="{{ ranked }} of every completed run per cell">
 </body></html>
 """)
 
@@ -150,6 +152,7 @@ def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, fl
     failure_table = counts.reset_index().rename(columns={"model_label": "model"})
     return _TEMPLATE.render(
         title=f"llm-sweep report: {sweeps}", summary=summary, notes=notes, flags=flags,
+        ranked=ranked, footnotes=check_footnotes(best),
         best_table=Markup(best_display(best).to_html(index=False, border=0)),  # pandas escapes
         failure_table=Markup(failure_table.to_html(index=False, border=0)),
         search_table=None if search is None else Markup(search.to_html(index=False, border=0)))
@@ -157,4 +160,5 @@ def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, fl
 
 def markdown_summary(report: Report) -> str:
     """A short Markdown digest (for a terminal or a pull request)."""
-    return to_markdown(best_display(report.best)) + "\n" + html.unescape(_flags_markdown(report.flags))
+    table = to_markdown(best_display(report.best), check_footnotes(report.best))
+    return table + "\n" + html.unescape(_flags_markdown(report.flags))

@@ -39,6 +39,7 @@ OUTCOME_COLOURS: Final = {
 SERIES: Final = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 HEATMAP_CMAP: Final = "viridis"
 EMPTY_CELL: Final = "#EEEEEE"
+CHECK_COLOUR: Final = "#C0392B"  # the "failed a check" badge: red, unlike any viridis cell
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """Tables for papers: Markdown, LaTeX (booktabs) and CSV.
 
 Display tables format numbers (2 decimals for MFU and memory, like the playbook); the CSV files
-keep full precision, so nobody has to re-derive a number from a rounded table.
+keep full precision, so nobody has to re-derive a number from a rounded table. The ranked
+column's header says so, and a cell where a run failed a check carries the mark of
+analysis.checks beside its ranked figure, explained in a footnote under the table.
 """
 
 from __future__ import annotations
@@ -10,21 +12,30 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.best import best_csv_frame
+from analysis.best import DEFAULT_METRIC, best_csv_frame
+from analysis.checks import MARK
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
                   "^": r"\textasciicircum{}"}
 
 
+_VALUE_HEADERS = {"mfu": "MFU (%)", "tokens_per_sec_per_gpu": "Tokens/s/GPU"}
+RANKED = " (ranked)"
+
+
 def best_display(best: pd.DataFrame) -> pd.DataFrame:
-    """The best-config table as strings: one row per cell, empty cells with their reason."""
+    """The best-config table as strings: one row per cell, empty cells with their reason. The
+    ranked figure's header ends in " (ranked)"; a cell with a run that failed a check gets MARK
+    beside it (check_footnotes says which run and why)."""
+    metric = best["metric"].iloc[0] if "metric" in best.columns and len(best) else DEFAULT_METRIC
+    ranked = _VALUE_HEADERS[metric]
     rows = []
     for _, cell in best.iterrows():
         row = {"Model": str(cell["model"]), "Nodes": str(int(cell["nodes"]))}
         if pd.isna(cell.get("run_id")):
             row.update({k: "–" for k in ("DP", "TP", "PP", "CP", "EP", "MBS", "GAS", "ZeRO",
-                                         "Recompute", "MFU (%)", "Tokens/s/GPU")})
+                                         "Recompute", *_VALUE_HEADERS.values())})
             row["Memory (GiB)"] = "–"
             row["Note"] = str(cell["empty_reason"])
         else:
@@ -37,20 +48,36 @@ def best_display(best: pd.DataFrame) -> pd.DataFrame:
             memory = cell.get("gpu_memory_GB")
             row["Memory (GiB)"] = f"{memory:.2f}" if pd.notna(memory) else "–"
             row["Note"] = ""
+        if _failed_checks(cell):
+            row[ranked] += f" {MARK}"
         rows.append(row)
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows).rename(columns={ranked: ranked + RANKED})
     if not frame.empty and (frame["Note"] == "").all():
         frame = frame.drop(columns="Note")
     return frame
 
 
-def to_markdown(frame: pd.DataFrame) -> str:
+def _failed_checks(cell: pd.Series) -> int:
+    count = cell.get("n_failed_checks")
+    return int(count) if pd.notna(count) else 0
+
+
+def check_footnotes(best: pd.DataFrame) -> list[str]:
+    """One footnote per marked cell: which runs failed which check (they were not ranked)."""
+    return [f"{MARK} {cell['model']}, {int(cell['nodes'])} node(s): {_failed_checks(cell)} "
+            f"completed run(s) left out of the ranking, having failed a check: {cell['failed_checks']}"
+            for _, cell in best.iterrows() if _failed_checks(cell)]
+
+
+def to_markdown(frame: pd.DataFrame, notes: list[str] | tuple[str, ...] = ()) -> str:
+    """A Markdown table; `notes` (footnotes) follow it as paragraphs."""
     def cell(value: object) -> str:
         return str(value).replace("|", "\\|")
     numeric = [_is_numeric(frame[c]) for c in frame.columns]
     lines = ["| " + " | ".join(cell(c) for c in frame.columns) + " |",
              "|" + "|".join("---:" if n else "---" for n in numeric) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    lines += [line for note in notes for line in ("", note)]
     return "\n".join(lines) + "\n"
 
 
@@ -58,19 +85,23 @@ def latex_escape(text: object) -> str:
     return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in str(text))
 
 
-def to_latex(frame: pd.DataFrame, caption: str, label: str) -> str:
-    """A booktabs table (\\usepackage{booktabs}); numeric columns right-aligned."""
+def to_latex(frame: pd.DataFrame, caption: str, label: str,
+             notes: list[str] | tuple[str, ...] = ()) -> str:
+    """A booktabs table (\\usepackage{booktabs}); numeric columns right-aligned; `notes`
+    (footnotes) set small under the rule."""
     spec = "".join("r" if _is_numeric(frame[c]) else "l" for c in frame.columns)
     lines = [r"\begin{table}[t]", r"\centering", r"\small", rf"\begin{{tabular}}{{{spec}}}",
              r"\toprule", " & ".join(latex_escape(c) for c in frame.columns) + r" \\", r"\midrule"]
     lines += [" & ".join(latex_escape(v) for v in row) + r" \\" for row in frame.itertuples(index=False)]
-    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{latex_escape(caption)}}}",
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    lines += [rf"\par\smallskip{{\footnotesize {latex_escape(note)}}}" for note in notes]
+    lines += [rf"\caption{{{latex_escape(caption)}}}",
               rf"\label{{{label}}}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 def _is_numeric(column: pd.Series) -> bool:
-    values = [str(v).replace(",", "").replace("–", "") for v in column]
+    values = [str(v).replace(",", "").replace("–", "").removesuffix(f" {MARK}") for v in column]
     def numeric(text: str) -> bool:
         try:
             float(text)
@@ -87,8 +118,9 @@ def write_best_tables(best: pd.DataFrame, out_dir: Path, caption: str) -> list[P
              out_dir / "best_configs.md", out_dir / "best_configs.tex"]
     best_csv_frame(best).to_csv(paths[0], index=False)
     best.to_csv(paths[1], index=False)
-    paths[2].write_text(to_markdown(display), encoding="utf-8")
-    paths[3].write_text(to_latex(display, caption, "tab:best-configs"), encoding="utf-8")
+    notes = check_footnotes(best)
+    paths[2].write_text(to_markdown(display, notes), encoding="utf-8")
+    paths[3].write_text(to_latex(display, caption, "tab:best-configs", notes), encoding="utf-8")
     return paths
 
 

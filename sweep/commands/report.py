@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from analysis.report import Report
 
 
-_PRINTED = ("best-config-changes", "basis", "mfu-above-1", "convention-mismatch", "not-ranked")
+_PRINTED = ("failed-check", "best-config-changes", "basis", "mfu-above-1", "convention-mismatch",
+            "not-ranked")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,9 +1,11 @@
-"""The heatmap: every cell annotated like the playbook; empty cells say why; text stays legible."""
+"""The heatmap: every cell annotated like the playbook; empty cells say why; text stays legible;
+cells with a run that failed a check are marked; --metric decides what the cells show."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from analysis.checks import MARK
 from analysis.heatmap import plot_heatmap
 from analysis.style import text_colour
 
@@ -38,3 +40,26 @@ def test_cells_carry_mfu_layout_memory_and_empty_reasons(tmp_path) -> None:
 def test_annotation_colour_contrasts_with_the_cell() -> None:
     assert text_colour((0.993, 0.906, 0.144, 1.0)) == "black"  # viridis yellow
     assert text_colour((0.267, 0.005, 0.329, 1.0)) == "white"  # viridis purple
+
+
+def test_a_cell_with_a_run_that_failed_a_check_is_marked_with_a_note(tmp_path) -> None:
+    best = cells()
+    best["n_failed_checks"] = [0, 2, 1, 0]
+    plot_heatmap(best, tmp_path / "h")
+    svg = (tmp_path / "h.svg").read_text()
+    assert svg.count(f">{MARK}<") == 2  # filled and empty cells alike
+    assert f"{MARK} a completed run of this cell failed a check" in svg
+    plot_heatmap(cells(), tmp_path / "clean")
+    clean = (tmp_path / "clean.svg").read_text()
+    assert f">{MARK}<" not in clean and "failed a check" not in clean
+
+
+def test_the_metric_decides_what_the_cells_and_the_colour_bar_show(tmp_path) -> None:
+    best = cells().assign(metric="tokens_per_sec_per_gpu",
+                          tokens_per_sec_per_gpu=[38894.5, 1234.4, None, None])
+    plot_heatmap(best, tmp_path / "h")
+    svg = (tmp_path / "h.svg").read_text()
+    for text in ("38,894 tok/s", "1,234 tok/s", "Tokens/s per GPU", "ranked by tokens/s per GPU",
+                 "Cell: tokens/s per GPU of the best run"):
+        assert text in svg, text
+    assert "40.63%" not in svg and "MFU (%)" not in svg

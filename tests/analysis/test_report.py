@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import html.parser
 from pathlib import Path
 
@@ -94,6 +95,9 @@ def test_sweep_report_command(runs_parquet: Path, tmp_path, capsys) -> None:
                  "--convention", "full_attention"]) == 0
     assert (out / "index.html").is_file() and (out / "heatmap_best.svg").is_file()
     assert "14/14 cells" in capsys.readouterr().out
+    heatmap = (out / "heatmap_best.svg").read_text()  # --metric decides what the cells show
+    assert "40,150 tok/s" in heatmap and "Tokens/s per GPU" in heatmap and "44.32%" not in heatmap
+    assert "| Tokens/s/GPU (ranked) |" in (out / "best_configs.md").read_text()
     first = pd.read_csv(out / "best_configs.csv").iloc[0]  # fastest 1B run on one node: PP=1
     assert (first["model"], first["nodes"], first["pp"], first["dp"]) == ("1B", 1, 1, 8)
     assert first["mfu_pct"] == pytest.approx(100 * 40149.94 * 9664081920.0 / 989.5e12, rel=1e-12)
@@ -103,3 +107,28 @@ def test_sweep_report_command(runs_parquet: Path, tmp_path, capsys) -> None:
     pd.DataFrame({"run_id": ["x"]}).to_parquet(bad)
     assert main(["report", str(bad), "--out", str(tmp_path / "o2")]) == 2
     assert "missing columns" in capsys.readouterr().err
+
+
+def test_the_cpu_demo_issue_impossible_mfu_never_shows_and_every_issue_is_listed(
+        cpu_runs, tmp_path) -> None:
+    report = write_report(cpu_runs, tmp_path / "r")
+    out = report.out_dir
+    assert "463.9" not in (out / "heatmap_best.svg").read_text()  # the impossible run's MFU
+    assert (out / "best_configs.csv").read_text().count("\n") == 3  # header + 2 cells
+    assert pd.read_csv(out / "best_configs.csv")["mfu_pct"].max() <= 100
+    flags_md = (out / "flags.md").read_text()
+    index = html.unescape((out / "index.html").read_text())
+    assert "No flags" not in flags_md and "No flags" not in index
+    for text in ("failed-check", "impossible#1 is left out of every ranking", "disputed#1",
+                 "two-node#1 (completed): metrics.jsonl: 1 unreadable line(s) skipped",
+                 "! tiny-4l, 1 node(s): 2 completed run(s) left out of the ranking"):
+        assert text in index, text
+    for issues in cpu_runs["collect_issues"]:
+        for issue in issues:
+            assert issue in flags_md and issue in index
+    assert "! tiny-4l, 1 node(s)" in (out / "best_configs.md").read_text()
+    for stem, title in (("heatmap_best", "Best configuration per cell, ranked by MFU"),
+                        ("scaling", "Best configuration per cell against nodes"),
+                        ("failures", "Attempts per cell by outcome class"),
+                        ("mfu_distribution", "MFU (reported) of every completed run per cell")):
+        assert title in (out / f"{stem}.svg").read_text(), stem

@@ -36,5 +36,5 @@ def test_an_empty_cell_keeps_its_reason_in_the_display_table() -> None:
                           "empty_reason": ""}])
     display = best_display(best)
     assert display.loc[0, "Note"] == "no successful run: all 9 oom" and display.loc[0, "DP"] == "–"
-    assert (display.loc[1, "MFU (%)"], display.loc[1, "Memory (GiB)"], display.loc[1, "PP"]) == \
+    assert (display.loc[1, "MFU (%) (ranked)"], display.loc[1, "Memory (GiB)"], display.loc[1, "PP"]) == \
         ("14.76", "65.97", "4")
