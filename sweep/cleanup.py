@@ -124,8 +124,8 @@ def paths_in_use(paths: list[Path]) -> set[Path]:
                 for line in handle:
                     if "/" in line:
                         mark(line[line.index("/"):].rstrip("\n").removesuffix(" (deleted)"))
-            with open(f"{base}/environ", "rb") as handle:
-                for item in handle.read().split(b"\0"):
+            with open(f"{base}/environ", "rb") as raw:
+                for item in raw.read().split(b"\0"):
                     value = item.partition(b"=")[2].decode(errors="replace")
                     if value.startswith("/"):
                         mark(value)

@@ -119,7 +119,7 @@ def _throughput(row: dict[str, Any], model: Any, tps_gpu: float | None, mfu_pct:
     if mfu_pct is not None:
         row["mfu_reported"] = mfu_pct / 100.0
         row["mfu_reported_convention"] = "published"
-        if tps_gpu:
+        if tps_gpu and peak is not None:
             row["flops_per_token_reported"] = row["mfu_reported"] * peak[0] / tps_gpu
     if row["outcome"] != "completed" and (tps_gpu is not None or mfu_pct is not None):
         row["collect_issues"].append("published as failed, yet carries throughput figures")

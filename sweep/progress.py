@@ -71,8 +71,9 @@ class Progress:
         """Read what is new; returns how many step records appeared."""
         new_steps: list[tuple[int, object]] = []  # (step, seconds or None)
         for record in self._records(self.attempt_dir / METRICS_FILE):
-            if record.get("kind") == "step" and isinstance(record.get("step"), int):
-                new_steps.append((record["step"], record.get("step_time_s")))
+            step = record.get("step")
+            if record.get("kind") == "step" and isinstance(step, int):
+                new_steps.append((step, record.get("step_time_s")))
             elif record.get("kind") == "summary":
                 self.summary = record
         if self.match_step is not None:

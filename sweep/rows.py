@@ -126,14 +126,20 @@ def _git_sha(state: Any) -> str | None:
 _FRAMEWORK_PACKAGES = {"megatron": "megatron-core", "nanotron": "nanotron", "torchtitan": "torchtitan"}
 
 
+def _section(record: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = record.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def provenance_columns(env: Mapping[str, Any], framework: str | None) -> dict[str, Any]:
     """Provenance from env.json (sweep.provenance): versions, commits, host."""
-    harness = env.get("harness") if isinstance(env.get("harness"), dict) else {}
-    packages = env.get("packages") if isinstance(env.get("packages"), dict) else {}
-    frame = env.get("framework") if isinstance(env.get("framework"), dict) else {}
+    harness = _section(env, "harness")
+    packages = _section(env, "packages")
+    frame = _section(env, "framework")
     framework_sha = _git_sha(frame.get("git"))
     package = packages.get(_FRAMEWORK_PACKAGES.get(framework or "", ""))
-    detected = frame.get("detected") if isinstance(frame.get("detected"), dict) else {}
+    detected = _section(frame, "detected")
+    framework_version: str | None
     if detected.get("found") and detected.get("found") != "unknown":
         framework_version = str(detected["found"])  # what the adapter found before launch
     elif framework == "builtin":

@@ -533,7 +533,7 @@ def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | 
     limits = tracker.slurm.limits()
     capacity = len(run_ids) if dry_run else tracker.capacity(limits)
     batches, report.left_over = tracker.plan(run_ids, capacity, limits.max_array_size)
-    options = {"max_running": max_running, "hold": hold, "exclude": exclude}
+    options: dict[str, Any] = {"max_running": max_running, "hold": hold, "exclude": exclude}
     report.commands = [tracker.command_line(batch, **options) for batch in batches]
     if not dry_run:
         for batch, job_id in tracker.submit(batches, **options):

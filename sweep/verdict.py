@@ -152,7 +152,7 @@ def merge_nodes(attempt_dir: Path, own: dict[str, Any], others: dict[int, dict[s
         "signals": sorted({s for o in observed.values() for s in o.get("signals", [])}),
         "started_at": min(r["started_at"] for r in present.values()),
         "ended_at": time.time(),
-        "nodes": [records[k]["node"] if records[k] is not None else None for k in range(nnodes)],
+        "nodes": [r["node"] if (r := records[k]) is not None else None for k in range(nnodes)],
         "missing_nodes": [f"node{k}" for k in missing],
         "writer": "watchdog",
     }

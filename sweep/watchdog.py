@@ -38,7 +38,7 @@ from sweep.verdict import (decide, log_text, merge_nodes, node_file, wait_for_no
 EVENTS_FILE = "watchdog.jsonl"
 PROGRESS_EVENT_EVERY_S = 60.0
 TIME_LIMIT_SLACK_S = 5.0  # a TERM this close to the job's end time is Slurm's time limit
-_SIGNALS = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM", signal.SIGINT: "INT"}
+_SIGNALS: dict[int, str] = {signal.SIGUSR1: "USR1", signal.SIGTERM: "TERM", signal.SIGINT: "INT"}
 
 
 class WatchdogError(Exception):
@@ -135,7 +135,8 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         early_stop=early_stop, warmup_steps=warmup if isinstance(warmup, int) else 0,
         step_budget=steps if isinstance(steps, int) else None,
         tokens_per_step_per_gpu=run.global_batch_sequences * run.seq_len / run.world_size,
-        **timeouts, **overrides)
+        startup_timeout_s=timeouts["startup_timeout_s"], hang_timeout_s=timeouts["hang_timeout_s"],
+        **overrides)
 
 
 def _step_matcher(framework: str) -> StepMatcher | None:

@@ -68,7 +68,7 @@ def parse(argv: list[str], environ: dict[str, str]) -> Options:
     if not command:
         raise UsageError("no command given")
     available = len(expand(environ.get("SLURM_JOB_NODELIST", "")))
-    nodes = int(values.get("nodes", environ.get("SLURM_NNODES", available)).split("-")[0])
+    nodes = int(values.get("nodes", environ.get("SLURM_NNODES", str(available))).split("-")[0])
     if not 0 < nodes <= available:
         raise UsageError(f"--nodes={nodes}, but the allocation has {available} node(s)")
     if values.get("ntasks_per_node", "1") != "1" or values.get("ntasks", str(nodes)) != str(nodes):

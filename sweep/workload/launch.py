@@ -177,7 +177,7 @@ def launch(rdzv: Rendezvous, rank_main: Callable[[], int], *, grace_s: float = 1
 
 
 def _become_rank(env: dict[str, str], rank_main: Callable[[], int], launcher_pid: int,
-                 mask: set[signal.Signals]) -> None:
+                 mask: set[int | signal.Signals]) -> None:
     """In the forked child: never returns."""
     code = 1
     try:

@@ -116,7 +116,7 @@ class _GatherSequence(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, chunk: torch.Tensor, cp: ContextParallel) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, chunk: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
         ctx.cp = cp
         if chunk.is_meta:  # pipeline stages infer shapes with meta tensors: nothing to send
             return torch.cat([chunk] * cp.size, dim=2)
@@ -125,7 +125,7 @@ class _GatherSequence(torch.autograd.Function):
         return torch.cat(parts, dim=2)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         cp: ContextParallel = ctx.cp
         grad = grad.contiguous()
         dist.all_reduce(grad, group=cp.group)

@@ -22,7 +22,7 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from sweep.layout import Layout
-from sweep.workload.model import ContextParallel, Transformer
+from sweep.workload.model import ContextParallel, Transformer, TransformerBlock
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 
@@ -128,7 +128,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh, sequence_para
 def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh) -> None:
     cp = ContextParallel(group=cp_mesh.get_group(), rank=cp_mesh.get_local_rank(), size=cp_mesh.size())
     for block in model.layers.values():
-        block.attention.cp = cp
+        cast(TransformerBlock, block).attention.cp = cp  # a ModuleDict's values are typed nn.Module
 
 
 def _saved_ops() -> list[Any]:
@@ -175,7 +175,7 @@ class DataParallel:
         if self.fsdp:
             from torch.distributed.fsdp import fully_shard
 
-            for block in module.layers.values():  # type: ignore[union-attr]
+            for block in cast(nn.ModuleDict, module.layers).values():
                 fully_shard(block, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
             fully_shard(module, mesh=dp_cp, reshard_after_forward=zero_stage == 3)
         elif self.replicas > 1 and (tensor_parallel or pipeline):

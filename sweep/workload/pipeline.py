@@ -20,6 +20,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     _PipelineSchedule,
 )
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from sweep.layout import Layout
 from sweep.workload.model import Transformer
@@ -81,8 +82,9 @@ def build_schedule(modules: list[torch.nn.Module], stages: list[int], layout: La
                    pp_mesh: DeviceMesh, device: torch.device,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> _PipelineSchedule:
     num_stages = layout.pp * layout.vpp
-    pipeline_stages = [PipelineStage(module, index, num_stages, device, group=pp_mesh.get_group())
-                       for module, index in zip(modules, stages, strict=True)]
+    pipeline_stages: list[_PipelineStageBase] = [  # the schedules take a list of the base class
+        PipelineStage(module, index, num_stages, device, group=pp_mesh.get_group())
+        for module, index in zip(modules, stages, strict=True)]
     schedule_class = SCHEDULES[layout.pp_schedule]
     if schedule_class is ScheduleInterleaved1F1B:
         return schedule_class(pipeline_stages, n_microbatches=layout.grad_acc, loss_fn=loss_fn)
