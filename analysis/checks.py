@@ -61,10 +61,10 @@ def check_failures(runs: pd.DataFrame) -> pd.Series:
             high[position].append(f"{column} {values[position]:.4g}")
     reasons = [[(f"MFU above 1 ({', '.join(columns)}): impossible, so its tokens/s, peak FLOP/s "
                  "or FLOPs per token is wrong")] if columns else [] for columns in high]
-    for position, value in enumerate(runs["collect_issues"].to_numpy()):
+    for row, value in enumerate(runs["collect_issues"].to_numpy()):
         issues = issues_of(value)
         if issues:
-            reasons[position].extend(f"collect: {issue}" for issue in disagreeing(issues))
+            reasons[row].extend(f"collect: {issue}" for issue in disagreeing(issues))
     return pd.Series(reasons, index=runs.index, dtype=object)
 
 

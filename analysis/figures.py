@@ -8,6 +8,7 @@ most one tick, is drawn linear.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,6 +20,9 @@ from analysis.best import describe, ranking_column, value_label
 from analysis.checks import check_failures
 from analysis.style import CHECK_COLOUR, OUTCOME_COLOURS, SERIES, paper_style, save
 from sweep.schema import OUTCOMES
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 MIN_BOX_POINTS = 5  # fewer runs in a cell: points alone; a box over 1-4 points suggests a spread
 LOG_SUBS = (1.0, 2.0, 5.0)  # labelled ticks per decade on a log axis
@@ -125,7 +129,7 @@ def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path) -> list[Path
             ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
             ax.set_axisbelow(True)
         axes[0][0].set_ylabel("Attempts")
-        handles = {}
+        handles: dict[str, Artist] = {}
         for ax in axes[0]:
             for handle, label in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(label, handle)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -92,7 +93,7 @@ def _gflops(value: float) -> str:
     return f"{value / 1e9:.4g}"
 
 
-def _differ(a: object, b: object) -> bool:
+def _differ(a: Any, b: Any) -> bool:
     """Both known and more than BASIS_TOLERANCE apart."""
     return bool(pd.notna(a) and pd.notna(b)
                 and abs(float(a) - float(b)) > BASIS_TOLERANCE * min(abs(float(a)), abs(float(b))))

@@ -63,7 +63,8 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
         plan = None
     best = best_configs(runs, metric, convention, plan)
     flags = all_flags(runs, metric, convention)
-    flagged = {(f.model, f.nodes) for f in flags if f.kind == "best-config-changes"}
+    flagged = {(f.model, f.nodes) for f in flags
+               if f.kind == "best-config-changes" and f.nodes is not None}
     order = list(dict.fromkeys(best["model"]))
     ranked = describe(metric, convention)
     files = plot_heatmap(best, out_dir / "heatmap_best", flagged)

@@ -11,7 +11,7 @@ import os
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import matplotlib
 
@@ -20,9 +20,12 @@ matplotlib.use("Agg")  # no display on a login node; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 FORMATS: Final = ("png", "pdf", "svg")
 DPI: Final = 300
-RC: Final = {
+RC: Final[dict[RcKeyType, Any]] = {
     "font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9,
     "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8, "figure.titlesize": 11,
     "axes.spines.top": False, "axes.spines.right": False, "axes.grid": False,

@@ -479,7 +479,7 @@ def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
             row["source_fingerprint"] = fingerprint
             fresh.append(row)
     parts = [to_table(fresh)]
-    if reuse:
+    if reuse and previous is not None:
         parts.insert(0, previous.select(list(arrow_schema().names)).cast(arrow_schema()).take(reuse))
     table = pa.concat_tables(parts).sort_by([("run_id", "ascending"), ("attempt", "ascending")])
     issues = [r["attempt_dir"] for r in fresh if r.get("collect_issues")]
