@@ -170,7 +170,7 @@ def _full_models(raw: pd.DataFrame, spec: Spec) -> pd.Series:
 
 def _match_shape(row: dict[str, object], spec: Spec) -> str | None:
     def same(value: object, wanted: int | bool) -> bool:
-        if pd.isna(value) or str(value) in ("nan", "None", "<NA>", ""):  # type: ignore[arg-type]
+        if pd.isna(value) or str(value) in ("nan", "None", "<NA>", ""):
             return True  # the failed rows leave these empty: not evidence either way
         value = str(value)
         if isinstance(wanted, bool):
