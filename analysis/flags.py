@@ -54,12 +54,13 @@ def _cluster_of(value: float, centres: list[float]) -> int:
 
 def basis_flags(runs: pd.DataFrame) -> list[Flag]:
     flags = []
-    for model, group in runs.dropna(subset=["flops_per_token_reported"]).groupby("model"):
+    for _model, group in runs.dropna(subset=["flops_per_token_reported"]).groupby("model"):
         centres = _clusters(group["flops_per_token_reported"])
         if len(centres) < 2:
             continue
         label = str(group["model_label"].iloc[0])
-        which = group["flops_per_token_reported"].map(lambda v: _cluster_of(v, centres))
+        which = group["flops_per_token_reported"].map(
+            lambda v, centres=centres: _cluster_of(v, centres))
         message = (f"the reported MFU of {label} is on {len(centres)} FLOPs bases: "
                    + ", ".join(f"{c / 1e9:.4g} GFLOP/token" for c in centres)
                    + f" (+{100 * (centres[-1] / centres[0] - 1):.1f} %)")
@@ -229,7 +230,7 @@ def value_flags(runs: pd.DataFrame) -> list[Flag]:
                               f"more than 1 % from tokens/s/GPU × flops_per_token_{convention} / peak "
                               "(another peak or FLOPs formula?)"))
     batches = runs.groupby(["model_label", "nodes"])["global_batch_sequences"].nunique()
-    for (label, nodes), count in batches[batches > 1].items():
+    for (label, nodes), _count in batches[batches > 1].items():
         sizes = runs[(runs["model_label"] == label) & (runs["nodes"] == nodes)][
             "global_batch_sequences"].value_counts()
         text = ", ".join(f"{int(size)} ({n}×)" for size, n in sizes.items())

@@ -18,8 +18,13 @@ from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC, best_configs, desc
 from analysis.figures import outcome_counts, plot_distribution, plot_failures, plot_scaling
 from analysis.flags import Flag, all_flags
 from analysis.heatmap import plot_heatmap
-from analysis.tables import (best_display, check_footnotes, to_markdown, write_best_tables,
-                             write_failure_tables)
+from analysis.tables import (
+    best_display,
+    check_footnotes,
+    to_markdown,
+    write_best_tables,
+    write_failure_tables,
+)
 from sweep.schema import check_frame
 
 

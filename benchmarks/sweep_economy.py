@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.refdata import refdata_dir
 from sweep.calibrate import fit, relative_errors, workloads_for
 from sweep.economy import Params, replay_table, score, search
+from sweep.refdata import refdata_dir
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients
 

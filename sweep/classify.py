@@ -347,7 +347,7 @@ def _root_cause_rank(text: str) -> int | None:
 
 def _signal_exit(ctx: Context) -> Match | None:
     ev = ctx.evidence
-    for node, code in sorted(ev.exit_codes.items()):
+    for _node, code in sorted(ev.exit_codes.items()):
         signal = exit_signal(code)
         if signal in (9, 6, 11):
             reason = {9: "sigkill", 6: "sigabrt", 11: "segfault"}[signal]

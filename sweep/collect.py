@@ -23,8 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sweep.local import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
-from sweep.rows import (config_columns, dense_peak, env_job_id, mfu_columns, provenance_columns,
-                        steady_state)
+from sweep.rows import config_columns, dense_peak, env_job_id, mfu_columns, provenance_columns, steady_state
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
 from sweep.slurm_states import node_failures_in_srun_output

@@ -39,8 +39,15 @@ import psutil
 
 import sweep
 from sweep.runconfig import load as load_run
-from sweep.state import (STATUS_FILE, atomic_write_json, attempt_dirs, exclusive_lock,
-                         LockHeld, new_attempt_dir, read_json)
+from sweep.state import (
+    STATUS_FILE,
+    LockHeld,
+    atomic_write_json,
+    attempt_dirs,
+    exclusive_lock,
+    new_attempt_dir,
+    read_json,
+)
 
 ACCOUNTING_FILE = "local_sacct.json"
 JOB_RECORD_FILE = "local_job.json"  # the batch shell of a running job: pid and start time

@@ -19,8 +19,8 @@ from typing import Any, Final
 import pandas as pd
 
 from sweep import catalog
-from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.layout import Layout
+from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.runconfig import RunConfig
 from sweep.schema import GIB, SCHEMA_VERSION
 

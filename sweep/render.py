@@ -26,9 +26,9 @@ from typing import Any
 import jinja2
 
 from sweep import space
+from sweep.cli import UserError
 from sweep.frameworks import get_adapter
 from sweep.resources import job_memory
-from sweep.cli import UserError
 from sweep.runconfig import RunConfig
 from sweep.spec import SLURM_VALUE_PATTERN, Spec
 from sweep.state import ATTEMPTS_DIR, RUN_FILE, atomic_write_text, make_temp

@@ -32,8 +32,7 @@ from sweep.classify import Verdict, scan_log_for_failures
 from sweep.progress import LOGS_DIR, Progress, StepMatcher
 from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json, read_json
 from sweep.steady import EarlyStop, Window, steady_state
-from sweep.verdict import (decide, log_text, merge_nodes, node_file, wait_for_node_files,
-                           wait_for_status)
+from sweep.verdict import decide, log_text, merge_nodes, node_file, wait_for_node_files, wait_for_status
 
 EVENTS_FILE = "watchdog.jsonl"
 PROGRESS_EVENT_EVERY_S = 60.0

@@ -14,8 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sweep.cli import main
-from sweep.preflight import (PreflightTarget, node_check, passed_before, script_text,
-                             sbatch_options, target_of)
+from sweep.preflight import node_check, sbatch_options, script_text, target_of
 from tests.slurm_sweeps import cancel_sweep, sweep_tasks, wait_until_settled
 
 RUN_JSON = {"framework": "builtin", "gpu": "cpu", "gpus_per_node": 2,

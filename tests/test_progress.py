@@ -45,13 +45,13 @@ def test_framework_step_lines_on_any_node_are_progress(tmp_path: Path) -> None:
     progress = Progress(tmp_path, get_parser("torchtitan").match_step)
     logs = tmp_path / "logs"
     logs.mkdir()
-    lines = [l for l in (FIXTURES / "torchtitan_steps_3.log").read_text().splitlines()
-             if not l.startswith("#SOURCE")]
+    lines = [ln for ln in (FIXTURES / "torchtitan_steps_3.log").read_text().splitlines()
+             if not ln.startswith("#SOURCE")]
     (logs / "node0.out").write_text("")
     (logs / "node1.err").write_text("\n".join(lines) + "\n")  # torchtitan logs from rank 0 only
-    steps = [l for l in lines if " step: " in l]
+    steps = [ln for ln in lines if " step: " in ln]
     assert progress.poll() == len(steps) > 0
-    assert progress.last_step == max(int(l.split(" step: ")[1].split()[0]) for l in steps)
+    assert progress.last_step == max(int(ln.split(" step: ")[1].split()[0]) for ln in steps)
 
 
 def test_read_tail_starts_at_a_line(tmp_path: Path) -> None:
@@ -68,9 +68,9 @@ def test_step_times_are_kept_once_per_step_in_step_order(tmp_path: Path) -> None
     progress = Progress(tmp_path, parser.match_step)
     logs = tmp_path / "logs"
     logs.mkdir()
-    lines = [l for l in (FIXTURES / "megatron_steps_4.log").read_text().splitlines()
-             if parser.match_step(l) is not None]
-    expected = {parser.match_step(l).step: parser.match_step(l).step_time_s for l in lines}
+    lines = [ln for ln in (FIXTURES / "megatron_steps_4.log").read_text().splitlines()
+             if parser.match_step(ln) is not None]
+    expected = {parser.match_step(ln).step: parser.match_step(ln).step_time_s for ln in lines}
     (logs / "node1.out").write_text("\n".join(lines[1:]) + "\n")
     progress.poll()
     assert list(progress.step_times) == sorted(expected)[1:]

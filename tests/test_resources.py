@@ -40,6 +40,6 @@ def test_the_local_cluster_example_fits_the_local_cluster_nodes(repo_root: Path,
     run_dirs = render.render_runs(spec, space.plan(spec), tmp_path)
     assert run_dirs
     for run_dir in run_dirs:
-        line = next(l for l in (run_dir / "job.sbatch").read_text().splitlines()
-                    if l.startswith("#SBATCH --mem="))
+        line = next(ln for ln in (run_dir / "job.sbatch").read_text().splitlines()
+                    if ln.startswith("#SBATCH --mem="))
         assert 0 < megabytes(line.removeprefix("#SBATCH --mem=")) <= 4096, line

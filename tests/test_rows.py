@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 
-
 from sweep import catalog, flops
 from sweep.rows import dense_peak, mfu_columns, provenance_columns, steady_state
 

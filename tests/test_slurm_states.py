@@ -9,8 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.slurm_states import (node_failures_in_srun_output, normalize_state, outcome_from_sacct, outcome_from_sacct_row,
-                                parse_exit_code)
+from sweep.slurm_states import (
+    node_failures_in_srun_output,
+    normalize_state,
+    outcome_from_sacct,
+    outcome_from_sacct_row,
+    parse_exit_code,
+)
 
 
 @pytest.mark.parametrize("state", ["PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", ""])

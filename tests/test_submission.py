@@ -6,11 +6,37 @@ import itertools
 
 import pytest
 
-from sweep.submission import (AttemptView, Batch, NodeExclusions, NodeFailure, NodeRecord, RunJob, RunState,
-                              SlurmView, Submission, SubmissionError, TaskRef, array_option, bad_nodes,
-                              batch_in, change_exclusions, combine, expand_task_ids, job_comment,
-                              latest_tasks, node_records, plan_batches, reconcile, resumable, run_state,
-                              shape_of, shape_options, split_arrays, submissions, update_exclusions)
+from sweep.submission import (
+    AttemptView,
+    Batch,
+    NodeExclusions,
+    NodeFailure,
+    NodeRecord,
+    RunJob,
+    RunState,
+    SlurmView,
+    Submission,
+    SubmissionError,
+    TaskRef,
+    array_option,
+    bad_nodes,
+    batch_in,
+    change_exclusions,
+    combine,
+    expand_task_ids,
+    job_comment,
+    latest_tasks,
+    node_records,
+    plan_batches,
+    reconcile,
+    resumable,
+    run_state,
+    shape_of,
+    shape_options,
+    split_arrays,
+    submissions,
+    update_exclusions,
+)
 
 TWO_NODES = {"job-name": "s.a", "nodes": "2", "time": "00:10:00", "output": "/r/a/slurm-%j.out",
              "error": "/r/a/slurm-%j.err", "no-requeue": "", "signal": "B:USR1@60"}

@@ -6,8 +6,6 @@ the outcome does not depend on how loaded the machine is.
 
 from __future__ import annotations
 
-import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 

@@ -14,7 +14,6 @@ from sweep import proctree
 from sweep.state import read_json, read_jsonl
 from tests.watchdog_runs import Run, kill_leftovers, wait_for_step
 
-
 RANK = """
 import json, os, resource, sys, time
 import torch

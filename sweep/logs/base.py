@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -141,7 +141,7 @@ def to_int(text: str) -> int | None:
 
 def utc_timestamp(text: str, fmt: str) -> float | None:
     try:
-        return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(text, fmt).replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
 

@@ -33,8 +33,7 @@ from sweep.workload.parallel import (
     build_optimizer,
     import_layout_modules,
 )
-from sweep.workload.peak import (catalog_peak, measure_cpu_matmul_peak, peak_file,
-                                 read_stored_peak, store_peak)
+from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak, peak_file, read_stored_peak, store_peak
 
 MEMTRACK_FILE = "memtrack.json"
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sweep.workload.train import config_problems, device_for, WorkloadError
+from sweep.workload.train import WorkloadError, config_problems, device_for
 from tests.workload.runs import run_config
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sweep.logs.base import LineParser, ParsedLog, StepRecord, StepCollector
+from sweep.logs.base import LineParser, ParsedLog, StepCollector, StepRecord
 
 FORMAT_VERSION = "builtin-1"
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Union
+from typing import Any, Final
 
 MAIN: Final = "main-2025-03-26+"
 PLAYBOOK: Final = "playbook-e24d2483"
@@ -118,7 +118,7 @@ class Struct:
         return Struct(self.name, tuple(by_name.get(f.name, f) for f in self.fields))
 
 
-Type_ = Union[Scalar, PathLike, Opaque, Choice, Optional_, Union_, ListOf, NotMirrored, Struct]
+Type_ = Scalar | PathLike | Opaque | Choice | Optional_ | Union_ | ListOf | NotMirrored | Struct
 
 INT, FLOAT, BOOL, STR = Scalar(int), Scalar(float), Scalar(bool), Scalar(str)
 

@@ -167,12 +167,12 @@ def test_the_family_covers_every_axis_value(contract: dict[str, Any],
     runs = contract["runs"]
     layouts = [c.layout for c, _ in runs]
     assert {c.model.name for c, _ in runs} == {m["name"] for m in megatron_family.MODELS}
-    assert {(l.tp, l.pp, l.cp, l.ep) for l in layouts} >= {(4, 1, 1, 1), (1, 4, 1, 1),
+    assert {(ln.tp, ln.pp, ln.cp, ln.ep) for ln in layouts} >= {(4, 1, 1, 1), (1, 4, 1, 1),
                                                             (1, 1, 2, 1), (1, 1, 1, 4)}
-    assert {l.zero_stage for l in layouts} == {0, 1}
-    assert {l.recompute for l in layouts} == {"none", "selective", "full"}
-    assert {l.pp_schedule for l in layouts if l.pp > 1} == {"1f1b", "interleaved_1f1b"}
-    assert {l.sp for l in layouts if l.tp > 1} == {True, False}
+    assert {ln.zero_stage for ln in layouts} == {0, 1}
+    assert {ln.recompute for ln in layouts} == {"none", "selective", "full"}
+    assert {ln.pp_schedule for ln in layouts if ln.pp > 1} == {"1f1b", "interleaved_1f1b"}
+    assert {ln.sp for ln in layouts if ln.tp > 1} == {True, False}
     assert {c.dtype for c, _ in runs} == {"bf16", "fp8", "fp16", "fp32"}
     assert any("--account-for-loss-in-pipeline-split" in f["launch/megatron.args"]
                and "--account-for-embedding-in-pipeline-split" in f["launch/megatron.args"]

@@ -6,14 +6,14 @@ nanotron_steps_issue390.log (huggingface/nanotron issue #390), each with its #SO
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from sweep.logs import get_parser
 from sweep.frameworks.nanotron.parser import human_number
+from sweep.logs import get_parser
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 MIB = 2**20
@@ -45,7 +45,7 @@ def test_jan_2025_log_steps_and_memory_lines(parser):
     assert step1.tflops_per_gpu == 13.9 and step1.global_batch_size == 4 and step1.total_steps == 120000
     assert step1.mem_reserved_bytes == 39 * 10**9  # cuda_max_memory_reserved: 39G
     assert step1.mem_allocated_bytes is None  # cuda_memory_allocated is current, not peak
-    assert step1.timestamp == datetime(2025, 1, 27, 15, 50, 16, tzinfo=timezone.utc).timestamp()
+    assert step1.timestamp == datetime(2025, 1, 27, 15, 50, 16, tzinfo=UTC).timestamp()
     assert (step2.step_time_s, step2.tokens_per_sec_per_gpu, step2.tflops_per_gpu) == (0.538, 15200.0, 358.0)
     assert log.steps[5].mem_reserved_bytes is None  # memory fields only on iterations 1-4
     # ` Memory usage: ...MiB. Peak allocated ...MiB. Peak reserved: ...MiB` lines, plus the two

@@ -6,7 +6,7 @@ of the reference data's logs/ ($SWEEP_REFDATA, data/README.md) with their #SOURC
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ def test_2026_lines_with_ansi_colours(parser):
     assert step10.tokens_per_sec_per_gpu == 8754.0  # "tps: 8,754"
     assert step10.tflops_per_gpu == 737.59 and step10.mfu_pct == 32.78
     assert step10.rank == 0
-    assert step10.timestamp == datetime(2026, 5, 19, 22, 5, 24, 364000, tzinfo=timezone.utc).timestamp()
+    assert step10.timestamp == datetime(2026, 5, 19, 22, 5, 24, 364000, tzinfo=UTC).timestamp()
     assert step10.step_time_s is None  # torchtitan does not log it
     assert log.peak_mem_reserved_bytes == round(75.22 * GIB)
 
