@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from sweep.shims.hostlist import expand as expand_hosts
@@ -29,7 +29,8 @@ IN_FLIGHT: Final = frozenset({"pending", "running", "submitted"})
 NEVER_SUBMITTED: Final = "unsubmitted"
 # `sweep resume` with no --only: every class but these (and the runs in flight).
 NOT_RESUMED_BY_DEFAULT: Final = frozenset({"completed", "oom"})
-BAD_NODE_THRESHOLD: Final = 2  # node_fail or NCCL failures on a node before it is excluded
+BAD_NODE_THRESHOLD: Final = 2  # node_fail or NCCL incidents on a node before it is excluded
+INCIDENT_WINDOW_S: Final = 60.0  # jobs of one node that ended this close together: one incident
 LOST_AFTER_S: Final = 600.0  # a submitted task Slurm has no word of, this long after sbatch
 _BATCH_IN_TEXT: Final = re.compile(r"(?:^|[;\s])batch=([0-9a-z]+)\b")
 _ARRAY_ID: Final = re.compile(r"^(\d+)_(\d+|\[([0-9,\-]+)(?:%\d+)?\])$")
@@ -243,6 +244,7 @@ class SlurmView:
     nodes: str = ""
     elapsed_s: int = 0
     reason: str = ""
+    ended_at: float | None = None  # sacct's End, as epoch seconds (None: not ended, or unknown)
 
 
 @dataclass(frozen=True)
@@ -356,20 +358,37 @@ class NodeFailure:
     kind: str  # "node_fail" or "nccl"
     nodes: tuple[str, ...]
     exact: bool = True  # False: Slurm named no node, so these are all the job's nodes
+    ended_at: float | None = None  # when the job ended (sacct End); None: unknown
 
 
 def bad_nodes(failures: Iterable[NodeFailure],
               threshold: int = BAD_NODE_THRESHOLD) -> dict[str, int]:
-    """Nodes with at least `threshold` failures (each attempt counted once per node)."""
-    counts: dict[str, int] = {}
+    """Nodes with at least `threshold` incidents: each attempt counted once per node, and the
+    failures of one node whose jobs ended within INCIDENT_WINDOW_S of each other counted once
+    (one slurmd death ends every job on its node at once: one failure of the node, not one per
+    job, or a single incident would exclude it). A failure whose end is unknown stands alone."""
+    ends: dict[str, list[float | None]] = {}
     seen: set[tuple[str, int | None, str]] = set()
     for failure in failures:
         for node in failure.nodes:
             key = (failure.run_id, failure.attempt, node)
             if node and key not in seen:
                 seen.add(key)
-                counts[node] = counts.get(node, 0) + 1
+                ends.setdefault(node, []).append(failure.ended_at)
+    counts = {node: incidents(times) for node, times in ends.items()}
     return {node: count for node, count in sorted(counts.items()) if count >= threshold}
+
+
+def incidents(ended_at: Sequence[float | None], window_s: float = INCIDENT_WINDOW_S) -> int:
+    """How many incidents these job ends are: ends within `window_s` of an incident's first end
+    join it; unknown ends count one each."""
+    known = sorted(t for t in ended_at if t is not None)
+    count = sum(1 for t in ended_at if t is None)
+    first: float | None = None
+    for end in known:
+        if first is None or end - first > window_s:
+            count, first = count + 1, end
+    return count
 
 
 @dataclass(frozen=True)
@@ -398,8 +417,8 @@ def update_exclusions(previous: NodeExclusions, failures: Iterable[tuple[NodeFai
 def failures_that_count(failures: Iterable[tuple[NodeFailure, float]],
                         forgiven_at: Mapping[str, float]) -> list[NodeFailure]:
     """Each failure without the nodes that were forgiven after it was seen."""
-    return [NodeFailure(f.run_id, f.attempt, f.kind,
-                        tuple(n for n in f.nodes if seen_at > forgiven_at.get(n, float("-inf"))))
+    return [replace(f, nodes=tuple(n for n in f.nodes
+                                   if seen_at > forgiven_at.get(n, float("-inf"))))
             for f, seen_at in failures]
 
 

@@ -26,23 +26,57 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from sweep.cli import UserError
+from sweep.progress import read_tail
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.shims.hostlist import expand as expand_hosts
-from sweep.progress import read_tail
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.slurm_states import node_failures_in_srun_output
-from sweep.state import (LEDGER_FILE, RUN_FILE, STATUS_FILE, append_jsonl, atomic_write_json,
-                         LockHeld, atomic_write_text, attempt_dirs, exclusive_lock, read_json,
-                         read_jsonl)
-from sweep.submission import (NEVER_SUBMITTED, AttemptView, Batch, NodeExclusions, NodeFailure,
-                              NodeRecord, RunJob, RunState, SlurmView, Submission, SubmissionError,
-                              TaskRef, array_option, batch_in, change_exclusions, expand_task_ids,
-                              job_comment, latest_tasks, node_records, plan_batches, reconcile,
-                              run_state, shape_of, shape_options, submissions, update_exclusions)
+from sweep.state import (
+    LEDGER_FILE,
+    RUN_FILE,
+    STATUS_FILE,
+    LockHeld,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    attempt_dirs,
+    exclusive_lock,
+    read_json,
+    read_jsonl,
+)
+from sweep.submission import (
+    NEVER_SUBMITTED,
+    AttemptView,
+    Batch,
+    NodeExclusions,
+    NodeFailure,
+    NodeRecord,
+    RunJob,
+    RunState,
+    SlurmView,
+    Submission,
+    SubmissionError,
+    TaskRef,
+    array_option,
+    batch_in,
+    change_exclusions,
+    expand_task_ids,
+    job_comment,
+    latest_tasks,
+    node_records,
+    plan_batches,
+    reconcile,
+    run_state,
+    shape_of,
+    shape_options,
+    submissions,
+    update_exclusions,
+)
 from sweep.verdict import LOG_TAIL_BYTES, SRUN_BLAME_SETTLED, srun_node_failure
 
 BATCHES_DIR: Final = "batches"
@@ -376,7 +410,8 @@ class Tracker:
         chosen = [n for n in named if n in nodes] or nodes
         return NodeFailure(run_id=state.run_id, attempt=state.attempt, kind=kind,
                            nodes=tuple(n for n in chosen if n),
-                           exact=kind != "node_fail" or bool(named) or len(chosen) <= 1)
+                           exact=kind != "node_fail" or bool(named) or len(chosen) <= 1,
+                           ended_at=view.ended_at if view is not None else None)
 
     def _failed_nodes_in_output(self, state: RunState) -> list[str]:
         """The nodes srun blamed in the task's Slurm output (`Node failure on node2`, or a step
@@ -421,6 +456,7 @@ class Tracker:
             known[(failure.run_id, failure.attempt, failure.kind)] = {
                 "run_id": failure.run_id, "attempt": failure.attempt, "kind": failure.kind,
                 "nodes": suspects or list(failure.nodes), "seen_at": now,
+                "ended_at": failure.ended_at,
                 "blame": "exact" if failure.exact else "sinfo" if suspects else "every node of the job"}
         exclusions = update_exclusions(
             _exclusions_of(data), [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
@@ -451,7 +487,9 @@ def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
 
 
 def _node_failure_of(record: dict[str, Any]) -> NodeFailure:
-    return NodeFailure(record["run_id"], record.get("attempt"), record["kind"], tuple(record["nodes"]))
+    ended = record.get("ended_at")
+    return NodeFailure(record["run_id"], record.get("attempt"), record["kind"], tuple(record["nodes"]),
+                       ended_at=float(ended) if isinstance(ended, (int, float)) else None)
 
 
 def _seen_at(record: dict[str, Any]) -> float:
@@ -495,7 +533,15 @@ def _acct_view(entry: AcctEntry) -> SlurmView:
     return SlurmView(state=entry.state, live=False, raw_id=entry.job_id_raw,
                      exit_code=entry.exit_code, derived_exit_code=entry.derived_exit_code,
                      step_states=tuple(step.state for step in entry.steps), nodes=entry.nodes,
-                     elapsed_s=entry.elapsed_s)
+                     elapsed_s=entry.elapsed_s, ended_at=_epoch(entry.end))
+
+
+def _epoch(stamp: str) -> float | None:
+    """sacct's `2026-11-25T01:41:30` (the cluster's local time) as epoch seconds."""
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None  # "Unknown", "None": the job has not ended
 
 
 def _queue_view(entry: QueueEntry) -> SlurmView:

@@ -270,3 +270,21 @@ def test_node_records_count_every_failure_and_those_since_forgiven() -> None:
 def test_batches_are_plain_data() -> None:
     batch = Batch("b1", shape_of(TWO_NODES), ("a",))
     assert batch.run_ids == ("a",) and Submission("b1", ("a",), 1.0).job_id is None
+
+
+def test_one_slurmd_death_that_ends_two_jobs_is_one_incident_of_its_node() -> None:
+    """Two jobs on node2 ended within seconds (its slurmd died): one failure of node2, so it
+    stays in use; a second incident an hour later excludes it."""
+    same_death = [NodeFailure("a", 1, "node_fail", ("node2",), ended_at=1000.0),
+                  NodeFailure("b", 1, "node_fail", ("node2",), ended_at=1003.0)]
+    assert bad_nodes(same_death) == {}
+    later = same_death + [NodeFailure("c", 1, "node_fail", ("node2",), ended_at=4600.0)]
+    assert bad_nodes(later) == {"node2": 2}
+    unknown = [NodeFailure("a", 1, "node_fail", ("node3",)), NodeFailure("b", 1, "nccl", ("node3",))]
+    assert bad_nodes(unknown) == {"node3": 2}  # without end times each counts
+
+
+def test_forgiving_keeps_the_end_times_that_group_incidents() -> None:
+    same_death = [(NodeFailure("a", 1, "node_fail", ("node2",), ended_at=1000.0), 2000.0),
+                  (NodeFailure("b", 1, "node_fail", ("node2",), ended_at=1002.0), 2000.0)]
+    assert update_exclusions(NodeExclusions(), same_death, now=2001.0).exclude == ()
