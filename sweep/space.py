@@ -144,28 +144,9 @@ class RuleContext:
 
 @functools.lru_cache(maxsize=4096)
 def pipeline_fits(model: ModelShape, stages: int, framework: str) -> bool:
-    """Whether every one of `stages` pipeline stages gets at least one block.
-
-    - nanotron places token embedding, the L decoder layers, final norm, LM head, fp32 cast and
-      loss as L + 5 pipeline blocks, and assigns them greedily by cumulative compute cost; a
-      rank left without a block crashes. `sweep.memory.stage_block_counts` replays that
-      assignment (one definition, shared with the memory model's per-stage layer count).
-    - Megatron-LM needs the layers to split evenly over the stages, optionally counting the
-      embedding and the loss as one layer each (--account-for-embedding/loss-in-pipeline-split).
-    - torchtitan weighs the embedding and the output as one layer each: stages <= L + 2.
-    - builtin (torch.distributed.pipelining, split by decoder layers): stages <= L, and an
-      untied model (a tied embedding cannot live on two stages).
-    """
-    layers = model.num_layers
-    if stages <= 1:
-        return True
-    if framework == "nanotron":
-        return min(memory.stage_block_counts(model, stages, "nanotron")) > 0
-    if framework == "megatron":
-        return stages <= layers and any((layers + extra) % stages == 0 for extra in (0, 1, 2))
-    if framework == "torchtitan":
-        return stages <= layers + 2
-    return stages <= layers and not model.tie_word_embeddings
+    """Whether every one of `stages` pipeline stages gets at least one block, as the framework
+    places them (its adapter's `pipeline_fits`, sweep/frameworks/<name>/__init__.py)."""
+    return stages <= 1 or get_adapter(framework).pipeline_fits(model, stages)
 
 
 # Rules ------------------------------------------------------------------------------------------
@@ -185,16 +166,19 @@ def rule_failures(columns: Mapping[str, np.ndarray], ctx: RuleContext,
     interleaved = schedule == "interleaved_1f1b"
     one_f_one_b = schedule == "1f1b"
     replicas_mbs = dp * ep * mbs
-    builtin = ctx.framework == "builtin"
+    adapter = get_adapter(ctx.framework)
+    no_padding = adapter.shards_need_divisibility
+    no_experts = not adapter.expert_parallel or m.num_experts == 0
     failures = {
         "tp_heads": (m.num_attention_heads % tp != 0) | (m.num_kv_heads % tp != 0),
-        "tp_width": (builtin & ((m.ffn_hidden_size % tp != 0) | (m.vocab_size % tp != 0))),
-        "ep_experts": (ep > 1) & (builtin | (m.num_experts == 0) | (m.num_experts % ep != 0)),
+        "tp_width": (no_padding & ((m.ffn_hidden_size % tp != 0) | (m.vocab_size % tp != 0))),
+        "ep_experts": (ep > 1) & (no_experts | (m.num_experts % ep != 0)),
         "cp_seq": ((cp > 1) & (ctx.seq_len % (2 * cp) != 0))
         | (columns["sp"] & (ctx.seq_len % (cp * tp) != 0)),
         "pp_layers": ~stage_ok,
         "batch": ctx.global_batch_sequences % replicas_mbs != 0,
-        "pp_grad_acc": (pp > 1) & ((one_f_one_b & (grad_acc < pp - (0 if builtin else 1)))
+        "pp_grad_acc": (pp > 1) & ((one_f_one_b
+                                    & (grad_acc < pp - adapter.one_f_one_b_microbatch_offset))
                                    | (interleaved & (grad_acc % pp != 0))),
         "tp_across_nodes": np.zeros(tp.shape, bool) if ctx.allow_tp_across_nodes
         else (tp > ctx.gpus_per_node) | (ctx.gpus_per_node % tp != 0),

@@ -25,6 +25,7 @@ from typing import Final
 import numpy as np
 
 from sweep.logs.base import LogParser
+from sweep.memory_profiles import PROFILES, MemoryProfile
 from sweep.model import ModelShape
 
 Columns = Mapping[str, np.ndarray]
@@ -95,6 +96,18 @@ class FrameworkAdapter:
     entry_point: str = ""  # the file in a checkout that the launcher runs (checked by preflight)
     checkout_env: str = ""  # the environment variable that points the launcher at a checkout
     notes: tuple[str, ...] = field(default=())
+    # How the framework places a model on `stages` pipeline stages: whether every stage gets a
+    # block (sweep.space's pp_layers rule asks; each adapter answers from its framework's code).
+    pipeline_fits: Callable[[ModelShape, int], bool] = field(default=lambda model, stages: True)
+    expert_parallel: bool = True  # implements ep > 1 for mixture-of-experts models
+    shards_need_divisibility: bool = False  # tp must divide the FFN and the vocabulary (no padding)
+    # 1F1B needs at least pp - offset micro-batches per step (Megatron and nanotron: pp - 1).
+    one_f_one_b_microbatch_offset: int = 1
+
+    @property
+    def memory_profile(self) -> MemoryProfile:
+        """The memory model's profile of this framework (sweep.memory_profiles)."""
+        return PROFILES[self.name]
 
     def version(self, key: str | None) -> SupportedVersion:
         wanted = key or self.default_version

@@ -91,3 +91,11 @@ axes: {tp: [1, 2], pp: [1, 2], mbs: [1], zero_stage: [1], pp_schedule: [1f1b, gp
     others = frame[frame["status"] != "pruned:framework"]
     assert others["prune_detail"].isna().all()
     assert (frame["status"] == "kept").any()
+
+
+@pytest.mark.parametrize("name", ADAPTER_MODULES)
+def test_an_adapter_names_its_memory_profile_and_places_pipeline_stages(name: str) -> None:
+    adapter = get_adapter(name)
+    assert adapter.memory_profile.name == name
+    assert adapter.pipeline_fits(SMALL, 1) and adapter.pipeline_fits(SMALL, 2)
+    assert not adapter.pipeline_fits(SMALL, SMALL.num_layers + 10)  # more stages than blocks

@@ -5,6 +5,15 @@ from __future__ import annotations
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.megatron import capabilities
 from sweep.frameworks.megatron.parser import MegatronParser
+from sweep.model import ModelShape
+
+def pipeline_fits(model: ModelShape, stages: int) -> bool:
+    """Megatron splits the layers evenly over the stages, optionally counting the loss, then the
+    embedding too, as one layer each (--account-for-loss/embedding-in-pipeline-split, which
+    launch/megatron.args renders when needed)."""
+    layers = model.num_layers
+    return stages <= layers and any((layers + extra) % stages == 0 for extra in (0, 1, 2))
+
 
 ADAPTER = FrameworkAdapter(
     name="megatron",
@@ -21,6 +30,7 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 1),
     entry_point="pretrain_gpt.py",
     checkout_env="MEGATRON_DIR",
+    pipeline_fits=pipeline_fits,
     notes=(
         ("Every run needs Transformer Engine: launch/megatron.args names --transformer-impl "
          "transformer_engine (Megatron's default); fp8 (--fp8-format hybrid) also needs a GPU of "

@@ -16,6 +16,16 @@ from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.nanotron import capabilities
 from sweep.frameworks.nanotron.config_schema import MAIN, MAIN_COMMIT, PLAYBOOK, PLAYBOOK_COMMIT
 from sweep.frameworks.nanotron.parser import NanotronParser
+from sweep.memory import stage_block_counts
+from sweep.model import ModelShape
+
+def pipeline_fits(model: ModelShape, stages: int) -> bool:
+    """nanotron places the token embedding, the L decoder layers, the final norm, the LM head,
+    the fp32 cast and the loss as L + 5 pipeline blocks, greedily by compute cost; a rank left
+    without a block crashes. sweep.memory.stage_block_counts replays that assignment (one
+    definition, shared with the memory model's per-stage layer count)."""
+    return min(stage_block_counts(model, stages, "nanotron")) > 0
+
 
 ADAPTER = FrameworkAdapter(
     name="nanotron",
@@ -33,6 +43,7 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 1),
     entry_point="run_train.py",
     checkout_env="NANOTRON_DIR",
+    pipeline_fits=pipeline_fits,
     notes=(
         "nanotron counts the embedding and the LM head as pipeline blocks "
         "(sweep.memory.stage_block_counts replays its assignment)",

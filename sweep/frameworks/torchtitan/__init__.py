@@ -11,6 +11,13 @@ from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.torchtitan import capabilities
 from sweep.frameworks.torchtitan.parser import TorchtitanParser
 from sweep.frameworks.torchtitan.version import V02, V020
+from sweep.model import ModelShape
+
+def pipeline_fits(model: ModelShape, stages: int) -> bool:
+    """torchtitan weighs the embedding and the output as one layer each when it splits the
+    model into stages: stages <= L + 2."""
+    return stages <= model.num_layers + 2
+
 
 ADAPTER = FrameworkAdapter(
     name="torchtitan",
@@ -30,6 +37,7 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 2, 3),
     entry_point="torchtitan/train.py",
     checkout_env="TORCHTITAN_DIR",
+    pipeline_fits=pipeline_fits,
     notes=(
         "torchtitan 0.3.0 and main since 9810191bb (2026-02-23) configure runs with Python "
         "config registries (--module/--config); llm-sweep renders the 0.2 JobConfig only and "
