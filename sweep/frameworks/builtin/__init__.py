@@ -7,6 +7,7 @@ from sweep.frameworks.builtin import capabilities
 from sweep.frameworks.builtin.parser import BuiltinParser
 from sweep.model import ModelShape
 
+
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """torch.distributed.pipelining splits the decoder layers only (at least one per stage), and
     a tied embedding cannot live on two stages."""

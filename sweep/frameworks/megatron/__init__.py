@@ -7,6 +7,7 @@ from sweep.frameworks.megatron import capabilities
 from sweep.frameworks.megatron.parser import MegatronParser
 from sweep.model import ModelShape
 
+
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """Megatron splits the layers evenly over the stages, optionally counting the loss, then the
     embedding too, as one layer each (--account-for-loss/embedding-in-pipeline-split, which

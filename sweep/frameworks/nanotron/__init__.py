@@ -19,6 +19,7 @@ from sweep.frameworks.nanotron.parser import NanotronParser
 from sweep.memory import stage_block_counts
 from sweep.model import ModelShape
 
+
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """nanotron places the token embedding, the L decoder layers, the final norm, the LM head,
     the fp32 cast and the loss as L + 5 pipeline blocks, greedily by compute cost; a rank left

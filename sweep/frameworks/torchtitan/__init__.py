@@ -13,6 +13,7 @@ from sweep.frameworks.torchtitan.parser import TorchtitanParser
 from sweep.frameworks.torchtitan.version import V02, V020
 from sweep.model import ModelShape
 
+
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """torchtitan weighs the embedding and the output as one layer each when it splits the
     model into stages: stages <= L + 2."""
