@@ -28,7 +28,7 @@ import jinja2
 from sweep import space
 from sweep.cli import UserError
 from sweep.frameworks import get_adapter
-from sweep.resources import job_memory
+from sweep.resources import job_cpus, job_memory
 from sweep.runconfig import RunConfig
 from sweep.spec import SLURM_VALUE_PATTERN, Spec
 from sweep.state import ATTEMPTS_DIR, RUN_FILE, atomic_write_text, make_temp
@@ -249,6 +249,8 @@ def template_context(config: RunConfig, doc: dict[str, Any], run_dir: Path) -> d
         "framework_version": get_adapter(config.framework).version(
             settings.get("framework_version")).key,
         "checkout_env": get_adapter(config.framework).checkout_env,
+        "cpus_per_task": settings.get("cpus_per_task") or job_cpus(
+            config.gpu, config.gpus_per_node, bool(settings.get("exclusive", True))),
         "mem": settings.get("mem") or job_memory(config.gpu, config.gpus_per_node,
                                                  bool(settings.get("exclusive", True)),
                                                  config.predicted),

@@ -41,6 +41,16 @@ def job_memory(gpu: str, ranks_per_node: int, exclusive: bool,
     return _megabytes(need)
 
 
+def job_cpus(gpu: str, ranks_per_node: int, exclusive: bool) -> int | None:
+    """`--cpus-per-task` for a run whose spec sets none. The job runs one task per node (the
+    watchdog) that forks the node's ranks; a shared CPU node gives that task one CPU by default,
+    so the ranks of a CPU run would take turns on it: ask for one CPU per rank. GPU runs and
+    exclusive nodes need nothing (the node's CPUs are the job's)."""
+    if gpu == "cpu" and not exclusive:
+        return ranks_per_node
+    return None
+
+
 def _megabytes(size: float) -> str:
     """Rounded up to whole GiB, in MiB (Slurm's `M`): runs of one sweep then ask for a few
     distinct sizes, and runs of one resource shape share a job array."""

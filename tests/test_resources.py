@@ -43,3 +43,11 @@ def test_the_local_cluster_example_fits_the_local_cluster_nodes(repo_root: Path,
         line = next(ln for ln in (run_dir / "job.sbatch").read_text().splitlines()
                     if ln.startswith("#SBATCH --mem="))
         assert 0 < megabytes(line.removeprefix("#SBATCH --mem=")) <= 4096, line
+
+
+def test_a_cpu_run_on_a_shared_node_asks_for_one_cpu_per_rank() -> None:
+    from sweep.resources import job_cpus
+
+    assert job_cpus("cpu", 2, exclusive=False) == 2
+    assert job_cpus("cpu", 2, exclusive=True) is None  # the node's CPUs are the job's
+    assert job_cpus("h100-sxm", 8, exclusive=False) is None
