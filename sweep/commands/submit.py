@@ -67,9 +67,12 @@ def ensure_preflight(folder: Path, args: argparse.Namespace) -> None:
     if not run_dirs:
         return
     document = read_json(run_dirs[0] / "run.json")
-    if not isinstance(document, dict):
-        return  # the tracker reports a broken run folder with its own message
-    target = target_of(document)
+    if not isinstance(document, dict) or "framework" not in document:
+        return  # not a run `sweep render` wrote (a hand-made job.sbatch): nothing to check it by
+    try:
+        target = target_of(document)
+    except ValueError as error:  # a framework or version this llm-sweep does not know
+        raise UserError(f"preflight: {run_dirs[0] / 'run.json'}: {error}") from None
     if passed_before(folder, target):
         return
     print(f"preflight: one job on {dict(target.slurm).get('partition', 'the default partition')}"
