@@ -21,8 +21,7 @@ import pandas as pd
 
 from sweep import catalog
 from sweep.spec import Spec
-from sweep.throughput import (FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features,
-                              predict)
+from sweep.throughput import FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features, predict
 
 MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)

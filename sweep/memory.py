@@ -29,8 +29,9 @@ the column paths agree exactly. Pure: no I/O; imports numpy, sweep.model/layout 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Mapping
+from typing import Final
 
 import numpy as np
 

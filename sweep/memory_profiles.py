@@ -13,9 +13,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Final, Mapping
+from typing import Final
 
 MiB: Final = 1 << 20
 GiB: Final = 1 << 30

@@ -7,18 +7,28 @@ strict pattern here, so that no spec value can become a command.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
-import difflib
 import re
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag,
-                      ValidationError, ValidationInfo, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from sweep import catalog

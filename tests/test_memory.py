@@ -15,8 +15,15 @@ import pytest
 
 from sweep.catalog import get_gpu, get_model
 from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
-from sweep.memory import (COMPONENTS, PROFILES, MemoryEstimate, estimate, estimate_columns,
-                          stage_block_counts, stage_layer_counts)
+from sweep.memory import (
+    COMPONENTS,
+    PROFILES,
+    MemoryEstimate,
+    estimate,
+    estimate_columns,
+    stage_block_counts,
+    stage_layer_counts,
+)
 from sweep.memory_profiles import LLMFOUNDRY
 from sweep.model import ModelShape, count_parameters
 
