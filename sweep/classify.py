@@ -7,7 +7,8 @@ root when several show: Slurm's own verdicts on the node (node failure, preempti
 because they cause the NCCL errors and SIGTERMs that follow; then the watchdog's early stop at
 steady state (its own SIGTERM causes the errors that follow); then a clean exit; then memory
 (an OOM on one rank makes the others hang or lose their peers); then hangs, the time limit and
-cancels; then generic crashes; then bare exit codes; then sacct alone.
+cancels; then generic crashes, and after them a rank that waited in vain for its peers (a store or
+connect timeout: the peer that died first is the cause); then bare exit codes; then sacct alone.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def _p(rule: str, outcome: str, reason: str, regex: str) -> _Pattern:
     return _Pattern(rule, outcome, reason, re.compile(regex))
 
 
+# gloo's GLOO_ERROR_MSG prefix, "[<path>/gloo/transport/<transport>/<file>:<line>] ": it tells gloo's
+# socket timeouts apart from any other library's "Read timeout".
+_GLOO_SOURCE = r"\[[^\]\s]*gloo/transport/[^\]\s]+:\d+\] "
+
 # Order inside a rule matters only for the reason: the first pattern of a rule that matches names it.
 PATTERNS: tuple[_Pattern, ...] = (
     _p("slurm_node_failure", "node_fail", "slurm_node_failure", r"DUE TO NODE FAILURE|srun: error: Node failure on"),
@@ -91,7 +96,8 @@ PATTERNS: tuple[_Pattern, ...] = (
        r"an illegal memory access was encountered|cudaErrorIllegalAddress"),
     _p("cuda_oom", "oom", "cuda_oom", r"CUDA out of memory|OutOfMemoryError|HIP out of memory"),
     _p("cuda_oom", "oom", "cublas_alloc_failed", r"CUBLAS_STATUS_ALLOC_FAILED"),
-    _p("cuda_oom", "oom", "nccl_cuda_oom", r"Cuda failure '?out of memory"),
+    # NCCL's WARN: "Cuda failure 'out of memory'" (checks.h), "Cuda failure 2 'out of memory'" (cudawrap.h, 2.19+)
+    _p("cuda_oom", "oom", "nccl_cuda_oom", r"Cuda failure (?:\d+ )?'?out of memory"),
     _p("cuda_runtime_oom", "oom", "cuda_runtime_oom", r"CUDA error: out of memory"),
     _p("cpu_oom", "oom", "cpu_alloc_oom", r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)"),
     _p("cpu_oom", "oom", "python_memory_error", r"(?:^|[\s:\]])MemoryError\b"),
@@ -103,18 +109,50 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("collective_timeout", "hang", "nccl_work_timeout",
        r"Timeout at NCCL work: \d+|WorkNCCL\(.*\) timed out in blocking wait|"
        r"ran for \d+ milliseconds before timing out"),
+    # ProcessGroupNCCL's heartbeat monitor found the watchdog thread itself stuck (a CUDA or NCCL call that
+    # never returned): its 2.2 to 2.13 wordings.
+    _p("collective_timeout", "hang", "nccl_heartbeat_timeout",
+       r"Heartbeat monitor timed out!|watchdog got stuck for \d+ seconds without making progress|"
+       r"NCCL monitor thread timeout\.|monitoring thread detects no heartbeat|"
+       r"No PGNCCL's watchdog heartbeat detected|"
+       r"Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang"),
     _p("collective_timeout", "hang", "gloo_timeout",
-       r"Timed out waiting \d+ms for (?:recv|send) operation|Application timeout caused pair closure"),
+       r"Timed out waiting \d+ms for (?:recv|send) operation|Application timeout caused pair closure|"
+       rf"{_GLOO_SOURCE}(?:Read|Write) timeout "),
     _p("slurm_time_limit", "timeout", "slurm_time_limit", r"DUE TO TIME LIMIT"),
     _p("slurm_cancelled", "cancelled", "slurm_cancelled", r"\*\*\* (?:JOB|STEP) \S+ ON .+? CANCELLED AT \S+ \*\*\*"),
     _p("segfault", "crashed", "segfault",
        r"Signal 11 \(SIGSEGV\)|Segmentation fault|Caught signal 11\b|exitcode\s*:\s*-11\b|\(exitcode: -11\)"),
+    # ncclGetErrorString's wordings (NCCL init.cc) are matched alone too: a wrapper may drop "NCCL error".
     _p("nccl_error", "crashed", "nccl_error",
-       r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|unhandled system error"),
+       r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|unhandled system error|"
+       r"unhandled cuda error|remote process exited or there was a network error|"
+       r"internal error - please report this issue to the NCCL developers"),
+    # NCCL's own WARN lines that report a failed call or a lost peer (not its INFO "retrying" lines).
+    _p("nccl_error", "crashed", "nccl_warn",
+       r"NCCL WARN .*(?:\bCall to \S.* failed\b|\b[Cc]onnect to \S+ failed\b|Connection closed by remote peer|"
+       r"Got completion from peer|Failed to execute operation)"),
+    # The communicator was torn down earlier; when it says why ("Original reason for failure was: ..."),
+    # the reason's own words on the same line decide through an earlier rule (a timeout is a hang).
+    _p("nccl_error", "crashed", "nccl_comm_aborted",
+       r"NCCL communicator was aborted on rank \d+|NCCL communicator encountered error set by ProcessGroupNCCL"),
+    # The watchdog's own lines when a collective failed or timed out; the flight-recorder dump signal says
+    # "due to a collective timeout" but is also raised on an exception, so an NCCL error line outranks it.
     _p("nccl_watchdog_abort", "hang", "nccl_watchdog_abort",
-       r"Some NCCL operations have failed or timed out|we are taking the entire process down"),
+       r"Some NCCL operations have failed or timed out|we are taking the entire process down|"
+       r"(?:Process group|NCCL) watchdog thread terminated with exception|"
+       r"(?:failure|Exception \(either an error or timeout\)) detected by watchdog at work|"
+       r"Received a (?:global )?dump signal (?:due to a collective timeout )?from|"
+       r"ProcessGroupNCCL's watchdog detected (?:an exception|a dump signal) from|"
+       r"Terminating the process after attempting to dump debug info, due to collective timeout or exception"),
     _p("cuda_error", "crashed", "cuda_error", r"CUDA error: (?!out of memory)|c10::CUDAError|CUDA_ERROR_\w+"),
     _p("aborted", "crashed", "sigabrt", r"Fatal Python error: Aborted|Signal 6 \(SIGABRT\)|exitcode\s*:\s*-6\b"),
+    # A rank waited in vain for its peers to join or to set a store key (c10d TCPStore, socket.cpp, gloo).
+    _p("rendezvous_timeout", "hang", "store_wait_for_clients", r"Timed out after \d+ seconds waiting for clients"),
+    _p("rendezvous_timeout", "hang", "store_wait_timeout",
+       r"(?:DistStoreError|got error): Socket Timeout|\bwait timeout after \d+ms, keys: "),
+    _p("rendezvous_timeout", "hang", "connect_timeout",
+       rf"client socket has timed out after \d+ms while trying to connect to|{_GLOO_SOURCE}Connect timeout "),
     _p("killed_by_sigkill", "crashed", "sigkill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|\(exitcode: -9\)"),
     _p("peer_failure", "crashed", "peer_connection_lost",
        r"Connection (?:closed|reset) by peer|DistNetworkError|Broken pipe"),
@@ -129,7 +167,11 @@ _KEYWORDS = (
     "Killed process", "memory limit", "Watchdog caught", "Timed out waiting", "pair closure", "CANCELLED", "SIGSEGV",
     "Segmentation fault", "signal 11", "exitcode", "NCCL", "nccl", "CUDA error", "CUDAError", "CUDA_ERROR",
     "Aborted", "SIGABRT", "SIGKILL", "by peer", "DistNetworkError", "Broken pipe", "ChildFailedError", "Root Cause",
-    "unhandled system error", "Traceback",
+    "unhandled system error", "Traceback", "Heartbeat monitor", "watchdog got stuck", "monitor thread", "heartbeat",
+    "dump signal", "watchdog thread terminated", "Terminating the process", "waiting for clients", "Socket Timeout",
+    "wait timeout after", "client socket has timed out", "Read timeout", "Write timeout", "Connect timeout",
+    "unhandled cuda error", "remote process exited", "please report this issue", "detected by watchdog",
+    "watchdog detected",
 )
 _LINE_PREFIX = re.compile(r"^(?:\d+:\s+|\[(?:rank|default)\d+\]: ?|\([^)]*pid=\d+[^)]*\)\s*)+")
 _EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))(?::|$)")
@@ -407,7 +449,8 @@ RULES: tuple[Rule, ...] = (
     Rule("cgroup_oom", "oom", "killed by the (Slurm) cgroup OOM killer: log line, sacct OUT_OF_MEMORY/0:125, oom_kill",
          _cgroup_oom),
     Rule("watchdog_hang", "hang", "the watchdog saw no progress within the start-up or step timeout", _watchdog_hang),
-    Rule("collective_timeout", "hang", "NCCL watchdog or gloo collective timeout", _from_log("collective_timeout")),
+    Rule("collective_timeout", "hang", "NCCL watchdog or gloo collective timeout, or ProcessGroupNCCL's heartbeat "
+         "monitor found the watchdog stuck", _from_log("collective_timeout")),
     Rule("slurm_time_limit", "timeout", "Slurm time limit (log line, sacct TIMEOUT, or --signal USR1 received)",
          _time_limit),
     Rule("slurm_cancelled", "cancelled", "cancelled (scancel line, sacct CANCELLED, or SIGTERM/SIGINT received)",
@@ -417,12 +460,18 @@ RULES: tuple[Rule, ...] = (
          "launcher names it); exceptions that other rules name are left to them", _python_exception),
     Rule("killed_by_sigkill", "crashed", "a rank was SIGKILLed (the launcher's exitcode -9); not called oom without "
          "an oom-kill record", _from_log("killed_by_sigkill")),
-    Rule("nccl_error", "crashed", "NCCL error other than a timeout", _from_log("nccl_error")),
+    Rule("nccl_error", "crashed", "NCCL error other than a timeout (NCCL's error strings, its WARN lines on a failed "
+         "call or a lost peer, or a communicator aborted for no stated timeout): a remote peer's error names no "
+         "node, so it is a crash, not node_fail", _from_log("nccl_error")),
     Rule("nccl_watchdog_abort", "hang", "PyTorch's NCCL watchdog took the process down ('Some NCCL operations have "
-         "failed or timed out ... taking the entire process down') and no NCCL error line names another cause: "
-         "a collective that never completed", _from_log("nccl_watchdog_abort")),
+         "failed or timed out ... taking the entire process down', its thread terminated with an exception, the "
+         "debug-info dump it signalled) and no NCCL error line names another cause: a collective that never "
+         "completed", _from_log("nccl_watchdog_abort")),
     Rule("cuda_error", "crashed", "other CUDA errors (unknown error, launch failure, ...)", _from_log("cuda_error")),
     Rule("aborted", "crashed", "SIGABRT (usually after a C++ exception)", _from_log("aborted")),
+    Rule("rendezvous_timeout", "hang", "a rank waited in vain for its peers: c10d store timeouts ('Timed out after N "
+         "seconds waiting for clients', DistStoreError), a store or gloo connect timeout; after the crash rules, "
+         "since a peer that died first is the cause", _from_log("rendezvous_timeout")),
     Rule("peer_failure", "crashed", "a peer went away (gloo/socket): a symptom, used when nothing better shows",
          _from_log("peer_failure")),
     Rule("child_failed", "crashed", "the launcher reports a failed rank (torchrun's ChildFailedError or Root "

@@ -2,6 +2,8 @@
 
 Real logs: tests/fixtures/logs/fail_*.log (see the README there; the #SOURCE header lines are
 metadata and are dropped before classifying). Lines written inline below are constructed and say so.
+NCCL, ProcessGroupNCCL, gloo and c10d store messages of every supported version: tests/fixtures/
+collective_failures.yaml, each built from its source's format string and citing it.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from sweep.classify import OUTCOMES, RULES, Evidence, classify, exit_signal, rule_table, scan_log_for_failures
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "logs"
+COLLECTIVE_FAILURES = Path(__file__).resolve().parent / "fixtures" / "collective_failures.yaml"
 
 
 def log_body(name: str) -> str:
@@ -309,6 +314,15 @@ ONE_LINERS = {
     "sigkill": "  traceback : Signal 9 (SIGKILL) received by PID 3309",
     "peer_connection_lost": "RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4242",
     "child_failed": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "nccl_heartbeat_timeout": "[PG 0 Rank 1] Heartbeat monitor timed out! Process will be terminated after dumping "
+                              "debug info. workMetaList_.size()=103",
+    "nccl_warn": "node1:1:2 [0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote peer node2<4242>",
+    "nccl_comm_aborted": "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 2. ",
+    "store_wait_for_clients": "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+                              "1/2 clients joined.",
+    "store_wait_timeout": "torch.distributed.DistStoreError: Socket Timeout",
+    "connect_timeout": "torch.distributed.DistNetworkError: The client socket has timed out after 120000ms while "
+                       "trying to connect to (node1, 29500).",
 }
 
 
@@ -364,3 +378,96 @@ def test_an_nccl_error_beside_the_abort_lines_names_the_cause():
     error = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:825, unhandled system error, NCCL version 2.7.8\n"
     verdict = classify(Evidence(log_text=NCCL_WATCHDOG_ABORT + error, exit_codes={"node0": 1}))
     assert (verdict.outcome, verdict.rule) == ("crashed", "nccl_error")
+
+
+# ---------------------------------------------------------------- every NCCL / gloo / c10d failure wording
+# tests/fixtures/collective_failures.yaml: each message built from its source's format string (repository,
+# file and version or commit cited there), embedded in a real torchrun log of a rank that aborted or raised.
+
+def _collective_corpus() -> dict[str, Any]:
+    with COLLECTIVE_FAILURES.open(encoding="utf-8") as handle:
+        corpus: dict[str, Any] = yaml.safe_load(handle)
+    return corpus
+
+
+COLLECTIVE_CORPUS = _collective_corpus()
+COLLECTIVE_MESSAGES = {entry["id"]: entry for entry in COLLECTIVE_CORPUS["messages"]}
+
+
+def _in_torchrun_log(entry: dict[str, Any]) -> str:
+    """The entry's lines where a real rank printed them: before dying of SIGABRT, or as the exception it raised.
+
+    ProcessGroupNCCL's watchdog and NCCL take the process down (std::terminate, LOG(FATAL)): the `abort`
+    context; c10d store, socket and gloo errors, and NCCL errors on the main thread, are raised: `raise`.
+    """
+    context = "raise" if "exception" in entry else "abort"
+    text = COLLECTIVE_CORPUS["contexts"][context]
+    log = entry.get("log")
+    text = text.replace("@@LOG@@", log) if log else text.replace("@@LOG@@\n", "")
+    if context == "raise":
+        text = text.replace("@@EXCEPTION@@", entry["exception"])
+    assert "@@" not in text
+    return text + "\n"
+
+
+def test_the_collective_corpus_cites_a_source_for_every_message():
+    for entry in COLLECTIVE_CORPUS["messages"]:
+        source = entry["source"]
+        # upstream, or a fork's copy of a PyTorch release line no tagged upstream file of which was readable
+        assert source["repo"] in {"pytorch/pytorch", "NVIDIA/nccl", "facebookincubator/gloo", "eqy/pytorch",
+                                  "jataylo/pytorch", "hexinw-nvidia/pytorch"}, entry["id"]
+        assert source["path"] and str(source["ref"]) and entry["format"], entry["id"]
+        assert entry["expect"]["outcome"] in OUTCOMES, entry["id"]
+        assert entry.get("log") or entry.get("exception"), entry["id"]
+    assert len(COLLECTIVE_MESSAGES) == len(COLLECTIVE_CORPUS["messages"])  # ids are unique
+
+
+@pytest.mark.parametrize("message_id", sorted(COLLECTIVE_MESSAGES))
+def test_collective_failure_messages_in_a_torchrun_log(message_id):
+    entry = COLLECTIVE_MESSAGES[message_id]
+    exit_code = 1 if "exception" in entry else -6
+    text = _in_torchrun_log(entry)
+    verdict = classify(Evidence(log_text=text, exit_codes={"node0": exit_code}, last_step=41))
+    expect = entry["expect"]
+    assert (verdict.outcome, verdict.rule, verdict.reason) == (expect["outcome"], expect["rule"], expect["reason"])
+    assert verdict.evidence_lines and all(line in text for line in verdict.evidence_lines)
+    # the evidence is the entry's own line, not the launcher's summary around it
+    assert verdict.evidence_lines[0] in (entry.get("log") or "") + (entry.get("exception") or "")
+
+
+@pytest.mark.parametrize("ordinary", COLLECTIVE_CORPUS["ordinary"], ids=lambda o: o["source"][:60])
+def test_lines_of_healthy_runs_are_no_failure(ordinary):
+    assert scan_log_for_failures(ordinary["line"] + "\n") == []
+
+
+def test_healthy_lines_do_not_turn_a_rank_exception_into_an_nccl_failure():
+    benign = "".join(o["line"] + "\n" for o in COLLECTIVE_CORPUS["ordinary"])
+    raised = _in_torchrun_log({"exception": "ValueError: injected failure at step 41"})
+    verdict = classify(Evidence(log_text=benign + raised, exit_codes={"node0": 1}, last_step=41))
+    assert (verdict.outcome, verdict.reason) == ("crashed", "python_exception:ValueError")
+    clean = classify(Evidence(log_text=benign, exit_codes={"node0": 0}, last_step=41, expected_steps=41))
+    assert clean.outcome == "completed"
+
+
+def test_a_peer_that_died_first_outranks_the_rank_that_waited_for_it():
+    # constructed: a store timeout on rank 0 because rank 1 raised before it joined; rank 1's error is the cause
+    waited = _in_torchrun_log(COLLECTIVE_MESSAGES["pt24_store_wait_for_clients"])
+    died = "[rank1]: ImportError: cannot import name 'flash_attn_func' from 'flash_attn'\n"
+    text = waited.replace("Traceback (most recent call last):", "[rank1]: Traceback (most recent call last):\n"
+                          "[rank1]:   File \"/tmp/ctxgen/train.py\", line 2, in <module>\n" + died.rstrip("\n")
+                          + "\nTraceback (most recent call last):", 1)
+    verdict = classify(Evidence(log_text=text, exit_codes={"node0": 1}))
+    assert (verdict.outcome, verdict.reason) == ("crashed", "python_exception:ImportError")
+    alone = classify(Evidence(log_text=waited, exit_codes={"node0": 1}))
+    assert (alone.outcome, alone.rule) == ("hang", "rendezvous_timeout")
+
+
+@pytest.mark.parametrize("dump_id", ["pt24_dump_signal_from_this_rank", "pt25_dump_signal_from_this_rank",
+                                     "pt28_dump_signal_from_this_rank"])
+def test_an_nccl_error_outranks_the_debug_dump_that_followed_it(dump_id):
+    # ProcessGroupNCCL signals its flight-recorder dump ("due to a collective timeout" from 2.5 on) after an
+    # NCCL error too (dumpOnException_, dumpOnTimeoutOrEx_): the error line, not the dump's wording, is the cause
+    error = COLLECTIVE_MESSAGES["nccl227_connection_closed_by_remote_peer"]["log"]
+    dump = COLLECTIVE_MESSAGES[dump_id]["log"]
+    verdict = classify(Evidence(log_text=_in_torchrun_log({"log": error + "\n" + dump}), exit_codes={"node0": -6}))
+    assert (verdict.outcome, verdict.rule, verdict.reason) == ("crashed", "nccl_error", "nccl_warn")
