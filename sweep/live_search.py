@@ -1,16 +1,17 @@
 """A search strategy over a live sweep: economy's oracle answered by running and collecting.
 
 `sweep.economy.search` asks an oracle for the outcomes of a batch of candidates. In a replay the
-oracle is a published table; here it runs the candidates' rendered run folders (through any
-executor: the local backend, or Slurm) and reads their outcomes back from the attempt folders
-through `sweep collect`, so a strategy sees exactly what the report will show. A run that already
+oracle is a published table; here it runs the candidates' rendered run folders (one round of
+`sweep.backends.Rounds`, on the local backend or on Slurm) and reads their outcomes back from
+the attempt folders through `sweep collect`, so a strategy sees exactly what the report will
+show. A run that already
 has a verdict is not run again: its latest attempt answers, so an interrupted adaptive sweep
 resumes where it stopped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from sweep import economy
+from sweep.backends import Rounds
 from sweep.collect import update_runs
 from sweep.space import KEPT
 from sweep.throughput import Workload
@@ -27,9 +29,6 @@ SEARCH_PROGRESS_FILE: Final = "search_progress.csv"
 SEARCH_RUNS_FILE: Final = "search_runs.csv"
 # economy's outcome classes: what the skipping rules and the model need to know.
 _STATUS: Final = {"completed": "completed", "oom": "oom"}
-
-Executor = Callable[[Sequence[Path]], None]
-Finished = Callable[[Path], bool]
 
 
 @dataclass(frozen=True)
@@ -77,16 +76,16 @@ def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFra
 
 
 def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
-                 workloads: Mapping[str, Workload], execute: Executor, finished: Finished,
+                 workloads: Mapping[str, Workload], rounds: Rounds,
                  params: economy.Params = economy.Params()) -> LiveSearch:
-    """Run `strategy` over the sweep's kept runs: each round's runs go to `execute` (those not
-    `finished` yet), then the sweep is collected and the round's outcomes read back. What the
-    search did is written beside runs.parquet (`write_search`)."""
+    """Run `strategy` over the sweep's kept runs: each round's runs go to `rounds` (those its
+    backend has not `finished` yet), then the sweep is collected and the round's outcomes read
+    back. What the search did is written beside runs.parquet (`write_search`)."""
     candidates = candidates_of(plan)
     run_dir = {i: sweep_dir / "runs" / str(run_id) for i, run_id in candidates["run_id"].items()}
 
     def oracle(ids: pd.Index) -> pd.DataFrame:
-        execute([run_dir[int(i)] for i in ids if not finished(run_dir[int(i)])])
+        rounds([run_dir[int(i)] for i in ids if not rounds.finished(run_dir[int(i)])])
         result, _ = update_runs(sweep_dir)
         runs = result.table.select(["run_id", "attempt", "outcome", "tokens_per_sec_per_gpu",
                                     "gpu_hours"]).to_pandas()

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +38,7 @@ from typing import IO, Any
 import psutil
 
 import sweep
+from sweep.backends import Submitted
 from sweep.runconfig import load as load_run
 from sweep.state import (
     STATUS_FILE,
@@ -183,40 +184,102 @@ class LocalBackend:
         self.on_start, self.on_finish = on_start, on_finish
         self.extra_env = dict(extra_env or {})
         self._next_id = random.randint(1, 5_000_000)
+        self._queue: list[_Job] = []
+        self._running: list[_Job] = []
+        self._shim_dir: tempfile.TemporaryDirectory[str] | None = None
+
+    # --- the backend interface (sweep.backends.Backend): submit, observe, cancel ---
+
+    def submit(self, run_dirs: Iterable[str | Path]) -> Submitted:
+        """Queue these runs; `poll` starts them as CPU slots free up. A run already queued or
+        running here is not queued twice (adopted)."""
+        waiting = self._waiting()
+        jobs = [self._job(Path(d)) for d in run_dirs]
+        fresh = [job for job in jobs if job.run_id not in waiting]
+        self._queue += fresh
+        return Submitted(launched=[job.run_id for job in fresh],
+                         adopted=[job.run_id for job in jobs if job.run_id in waiting])
+
+    def poll(self) -> list[LocalResult]:
+        """Advance the emulated cluster once: start queued jobs that fit in the free slots, and
+        finish the jobs whose processes are all gone (with their accounting records). Returns
+        the results of the jobs that ended in this poll."""
+        used = sum(job.slots for job in self._running)
+        while self._queue and (not self._running or used + self._queue[0].slots <= self.slots):
+            job = self._queue.pop(0)
+            self._start(job, self._shims())
+            self._running.append(job)
+            used += job.slots
+        ended = [job for job in self._running if self._tick(job)]
+        for job in ended:
+            self._running.remove(job)
+        return [self._finish(job) for job in ended]
+
+    def in_flight(self, run_ids: Collection[str]) -> set[str]:
+        """Those of `run_ids` queued or running, after one `poll` (here, observing the cluster
+        is also what moves it on)."""
+        self.poll()
+        return self._waiting() & set(run_ids)
+
+    def finished(self, run_dir: Path) -> bool:
+        return finished(run_dir)
+
+    def _waiting(self) -> set[str]:
+        """Run ids queued or running (what squeue would list)."""
+        return {job.run_id for job in self._queue + self._running}
+
+    def cancel(self) -> list[LocalResult]:
+        """Cancel every queued and running job as scancel would: TERM to each job's processes,
+        KILL after the kill wait; the running ones end `CANCELLED` with accounting records."""
+        self._queue.clear()
+        running, self._running = self._running, []
+        for job in running:
+            job.cancelled = True
+            self._terminate(job)
+        deadline = time.monotonic() + self.kill_wait_s
+        while any(j.process and j.process.poll() is None for j in running) \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for job in running:
+            self._kill(job)
+        return [self._finish(job) for job in running]
+
+    def close(self) -> None:
+        """Remove the srun/scontrol stand-ins (after the last job ended)."""
+        if self._shim_dir is not None:
+            self._shim_dir.cleanup()
+            self._shim_dir = None
+
+    def _shims(self) -> Path:
+        if self._shim_dir is None:
+            self._shim_dir = tempfile.TemporaryDirectory(prefix="sweep-local-")
+            write_shims(Path(self._shim_dir.name) / "bin")
+        return Path(self._shim_dir.name) / "bin"
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Use the backend round after round (a search): on Ctrl-C or SIGTERM, what is in flight
+        is cancelled (TERM, KillWait, KILL) as scancel would, then the error goes on."""
+        with _term_raises():
+            try:
+                yield
+            except BaseException:
+                self.cancel()
+                raise
+            finally:
+                self.close()
 
     def run(self, run_dirs: Iterable[str | Path]) -> list[LocalResult]:
-        """Run every job to its end; results in completion order. Ctrl-C cancels the rest
-        (TERM, KillWait, KILL), as scancel would, and re-raises."""
-        queue = [self._job(Path(d)) for d in run_dirs]
-        running: list[_Job] = []
+        """Run every job to its end; results in completion order. Ctrl-C or SIGTERM cancels the
+        rest (see `session`) and re-raises."""
         results: list[LocalResult] = []
-        with tempfile.TemporaryDirectory(prefix="sweep-local-") as tmp, _term_raises():
-            shims = write_shims(Path(tmp) / "bin")
-            try:
-                while queue or running:
-                    used = sum(job.slots for job in running)
-                    while queue and (not running or used + queue[0].slots <= self.slots):
-                        job = queue.pop(0)
-                        self._start(job, shims)
-                        running.append(job)
-                        used += job.slots
-                    time.sleep(self.poll_s)
-                    for job in list(running):
-                        if self._tick(job):
-                            running.remove(job)
-                            results.append(self._finish(job))
-            except BaseException:
-                for job in running:
-                    job.cancelled = True
-                    self._terminate(job)
-                deadline = time.monotonic() + self.kill_wait_s
-                while any(j.process and j.process.poll() is None for j in running) \
-                        and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                for job in running:
-                    self._kill(job)
-                    results.append(self._finish(job))
-                raise
+        with self.session():
+            self.submit(run_dirs)
+            while True:
+                results += self.poll()
+                if not self._waiting():
+                    break
+                time.sleep(self.poll_s)
         return results
 
     # --- one job ---

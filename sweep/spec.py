@@ -47,6 +47,7 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 SlurmValue = Annotated[str, Field(pattern=SLURM_VALUE_PATTERN)]
 PositiveInt = Annotated[int, Field(gt=0)]
 Auto = Literal["auto"]
+NOT_HASHED = {"driver", "max_gpu_hours"}  # Spec fields that do not change any run
 
 
 def _catalog_model(name: str) -> str:
@@ -267,12 +268,58 @@ class RunSettings(_Strict):
 
     @property
     def time_limit_s(self) -> int:
-        match = TIME_PATTERN.match(self.time_limit)
-        assert match is not None
-        if match.group(5):
-            return int(match.group(5)) * 60
-        days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
-        return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+        return time_limit_seconds(self.time_limit)
+
+
+class DriverSettings(_Strict):
+    """The search driver of a detached sweep (`sweep submit --detach`): a small CPU job that runs
+    the rounds of a pruned or adaptive search, then collect and report. It requeues itself at
+    its time limit, so `time_limit` bounds one stint, not the whole search."""
+
+    partition: SlurmValue | None = None  # default: the cluster's default partition
+    account: SlurmValue | None = None
+    qos: SlurmValue | None = None
+    time_limit: str = "04:00:00"
+    mem: SlurmValue = "2G"
+    cpus: PositiveInt = 1
+    # Seconds before the time limit that Slurm signals the driver to checkpoint and requeue
+    # (Slurm may send it up to 60 s early).
+    signal_before_s: PositiveInt = 90
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not TIME_PATTERN.match(value):
+            raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
+        return value
+
+    @property
+    def time_limit_s(self) -> int:
+        return time_limit_seconds(self.time_limit)
+
+    @property
+    def time_limit_min(self) -> int:
+        """Whole minutes, rounded up (submitit and Slurm count the driver's time in minutes)."""
+        return max(1, -(-self.time_limit_s // 60))
+
+    @model_validator(mode="after")
+    def _signal_before_the_limit(self) -> DriverSettings:
+        if self.signal_before_s >= self.time_limit_s:
+            raise ValueError(
+                f"signal_before_s ({self.signal_before_s} s) must be shorter than time_limit "
+                f"({self.time_limit} = {self.time_limit_s} s); lower signal_before_s or raise "
+                "time_limit")
+        return self
+
+
+def time_limit_seconds(text: str) -> int:
+    """Slurm's minutes, HH:MM:SS or D-HH:MM:SS in seconds (already validated)."""
+    match = TIME_PATTERN.match(text)
+    assert match is not None
+    if match.group(5):
+        return int(match.group(5)) * 60
+    days, hours, minutes, seconds = (int(g or 0) for g in match.groups()[:4])
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 class Override(_Strict):
@@ -308,6 +355,9 @@ class Spec(_Strict):
     run: RunSettings = RunSettings()
     overrides: list[Override] = []
     templates_dir: str | None = None
+    driver: DriverSettings = DriverSettings()
+    # Cap on the sweep's GPU-hours: spent + in flight (at their time limits) never exceeds it.
+    max_gpu_hours: Annotated[float, Field(gt=0)] | None = None
 
     @field_validator("nodes")
     @classmethod
@@ -407,7 +457,10 @@ class Spec(_Strict):
 
     def spec_hash(self) -> str:
         """A stable hash of the validated spec (order of YAML keys does not matter)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # How the sweep is driven and capped does not change a run: left out, so that a new
+        # budget or driver partition neither re-plans the sweep nor changes older hashes.
+        canonical = json.dumps(self.model_dump(mode="json", exclude=NOT_HASHED), sort_keys=True,
+                               separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def run_settings_for(self, columns: dict[str, Any]) -> RunSettings:
@@ -492,7 +545,7 @@ def _known_field_names() -> set[str]:
     """Every field name a spec can hold, at any depth (for did-you-mean)."""
     names: set[str] = set()
     for model in (Spec, Axes, Constraints, RunSettings, Override, InlineModel, GlobalBatch,
-                  EarlyStop):
+                  EarlyStop, DriverSettings):
         names.update(model.model_fields)
     return names
 

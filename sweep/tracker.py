@@ -10,6 +10,7 @@ Files in the sweep folder:
   batches/<batch>/tasks.txt the batch's run ids, one per line (task i = line i + 1)
   batches/<batch>/<i>       a link to runs/<run id>/attempts, so that Slurm's own output file
                             (--output=batches/<batch>/%a/slurm-%A_%a.out) lands in the run
+  budget_left_out.txt       runs the GPU-hour cap (max_gpu_hours) kept from being launched
   bad_nodes.json            node failures seen, the nodes excluded from later submissions (since
                             when), and those taken out of `exclude` again (forgiven_at; by hand
                             or `sweep nodes --forgive`)
@@ -24,12 +25,13 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from sweep.budget import Fit, RunCost, Spend, committed_gpu_hours, expected_seconds, fit_budget
 from sweep.cli import UserError
 from sweep.progress import read_tail
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
@@ -50,7 +52,6 @@ from sweep.state import (
     read_jsonl,
 )
 from sweep.submission import (
-    NEVER_SUBMITTED,
     AttemptView,
     Batch,
     NodeExclusions,
@@ -84,6 +85,7 @@ WRAPPER: Final = "array-task.sh"
 TASKS_FILE: Final = "tasks.txt"
 BAD_NODES_FILE: Final = "bad_nodes.json"
 LOCK_FILE: Final = ".submit.lock"
+LEFT_OUT_FILE: Final = "budget_left_out.txt"  # runs a GPU-hour cap kept from being launched
 ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
 LOCK_WAIT_S: Final = 200.0  # longer than sbatch's own retries (120 s) when the queue is full
 JOB_COUNT_MARGIN: Final = 0.02  # of MaxJobCount, left free for other users
@@ -116,6 +118,7 @@ class RunInfo:
     nodes: int
     gpus: int
     time_limit_s: int
+    steps: int | None = None  # run.json's settings.steps (the budget's expected time)
 
 
 @dataclass
@@ -206,7 +209,8 @@ class Tracker:
             infos[run_id] = RunInfo(
                 run_id=run_id, model=str((doc.get("model") or {}).get("name", "?")),
                 nodes=nodes, gpus=nodes * int(doc.get("gpus_per_node") or 1),
-                time_limit_s=time_seconds(limit))
+                time_limit_s=time_seconds(limit),
+                steps=_int_or_none((doc.get("settings") or {}).get("steps")))
         return infos
 
     def submissions(self) -> list[Submission]:
@@ -215,6 +219,36 @@ class Tracker:
     def excluded(self) -> list[str]:
         data = read_json(self.dir / BAD_NODES_FILE) or {}
         return sorted(data.get("exclude") or [])
+
+    # -- budget -----------------------------------------------------------------------------
+
+    def run_costs(self, run_ids: Sequence[str],
+                  step_times: dict[str, float] | None = None) -> list[RunCost]:
+        """Each run's GPUs, time limit and expected time (from the plan's predicted step time
+        in `step_times`, by run id, where there is one)."""
+        infos = self.run_info()
+        step_times = step_times or {}
+        return [RunCost(run_id=r, gpus=infos[r].gpus, time_limit_s=infos[r].time_limit_s,
+                        expected_s=expected_seconds(infos[r].time_limit_s, infos[r].steps,
+                                                    step_times.get(r)))
+                for r in run_ids]
+
+    def fit_budget(self, run_ids: Sequence[str], cap_gpu_hours: float | None,
+                   observation: Observation | None = None, write: bool = True) -> Fit:
+        """The runs of `run_ids` that may be launched under the cap, counting what the sweep
+        spent and what it has in flight (at its time limit); the others are left out and
+        listed in budget_left_out.txt (when `write`)."""
+        if cap_gpu_hours is None or not run_ids:
+            return Fit(list(run_ids), [], 0.0)
+        observation = observation or self.observe()
+        committed = committed_gpu_hours(
+            Spend(gpus=observation.infos[s.run_id].gpus, elapsed_s=s.elapsed_s,
+                  time_limit_s=observation.infos[s.run_id].time_limit_s, in_flight=s.in_flight)
+            for s in observation.states if s.run_id in observation.infos)
+        fit = fit_budget(self.run_costs(run_ids), committed, cap_gpu_hours)
+        if fit.left_out and write:
+            atomic_write_text(self.dir / LEFT_OUT_FILE, "".join(f"{r}\n" for r in fit.left_out))
+        return fit
 
     # -- submitting -------------------------------------------------------------------------
 
@@ -481,6 +515,10 @@ class Tracker:
             atomic_write_json(self.dir / BAD_NODES_FILE, updated)
 
 
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
     return NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
                           data.get("forgiven_at") or {})
@@ -585,39 +623,3 @@ def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | 
         for batch, job_id in tracker.submit(batches, **options):
             report.submitted.append((batch.batch_id, job_id, len(batch.run_ids)))
     return report
-
-
-class SlurmRounds:
-    """A search strategy's executor on Slurm (`sweep submit --strategy`): each round's runs are
-    submitted as arrays, then polled (one squeue and one sacct per 1,000 arrays) until none is in
-    flight. Runs already submitted by this sweep, say by an interrupted earlier search, are
-    waited for, never submitted again."""
-
-    def __init__(self, tracker: Tracker, *, max_running: int | None = None, poll_s: float = 30.0,
-                 on_poll: Callable[[Observation], None] | None = None) -> None:
-        self.tracker, self.max_running, self.poll_s = tracker, max_running, poll_s
-        self.on_poll = on_poll
-        self._observed: dict[str, RunState] | None = None
-
-    def finished(self, run_dir: Path) -> bool:
-        """Whether the run has a verdict: submitted before, and no longer in flight."""
-        if self._observed is None:
-            self._observed = {s.run_id: s for s in self.tracker.observe().states}
-        state = self._observed.get(run_dir.name)
-        return state is not None and not state.in_flight and state.state != NEVER_SUBMITTED
-
-    def __call__(self, run_dirs: Sequence[Path]) -> None:
-        wanted = {d.name for d in run_dirs}
-        if wanted:
-            with self.tracker.lock():
-                seen = latest_tasks(self.tracker.reconcile(write=True))
-                submit_runs(self.tracker, [r for r in sorted(wanted) if r not in seen],
-                            max_running=self.max_running)
-            while True:
-                observation = self.tracker.observe()
-                if self.on_poll is not None:
-                    self.on_poll(observation)
-                if not any(s.in_flight for s in observation.states if s.run_id in wanted):
-                    break
-                time.sleep(self.poll_s)
-        self._observed = None

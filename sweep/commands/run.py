@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -25,6 +24,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.cli import UserError
 from sweep.commands.render import Rendered, render_sweep
@@ -126,18 +126,17 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
     with RunProgress(console) as progress:
         backend = LocalBackend(args.slots, on_start=progress.started,
                                on_finish=progress.finished)
-
-        def execute(batch: Sequence[Path]) -> None:
-            progress.add(len(batch))
-            if batch:
-                backend.run(batch)
-
         if args.strategy == "exhaustive":
-            execute(pending)
+            progress.add(len(pending))
+            if pending:
+                backend.run(pending)
             search = None
         else:
-            search = search_sweep(out, rendered.plan, args.strategy,
-                                  workloads_for(rendered.spec), execute, finished)
+            rounds = Rounds(backend, poll_s=backend.poll_s,
+                            on_round=lambda _rounds, batch, _submitted: progress.add(len(batch)))
+            with backend.session():
+                search = search_sweep(out, rendered.plan, args.strategy,
+                                      workloads_for(rendered.spec), rounds)
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 
