@@ -1,0 +1,59 @@
+"""The round loop every search runs on (sweep.backends.Rounds), over the local backend's real
+processes: a round is submit, then observe until none of it is in flight; a run queued twice is
+adopted, not run twice; Ctrl-C in a round cancels what the backend has in flight."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sweep import local
+from sweep.backends import Rounds
+from tests.test_local import run_with_script
+
+QUICK = "echo start; sleep 0.3; echo done\n"
+
+
+def test_a_round_runs_its_batch_to_the_end_and_counts_what_it_launched(tmp_path: Path) -> None:
+    runs = [run_with_script(tmp_path / f"s{i}", QUICK) for i in range(2)]
+    backend = local.LocalBackend(slots=4, kill_wait_s=1)
+    rounds = Rounds(backend, poll_s=0.05)
+    with backend.session():
+        rounds(runs)
+    assert rounds.rounds == 1 and sorted(rounds.launched) == sorted(r.name for r in runs)
+    assert all(backend.finished(r) for r in runs)
+    assert not backend.in_flight({r.name for r in runs})
+    rounds([])  # an empty round asks nothing
+    assert rounds.rounds == 1
+
+
+def test_a_run_already_in_flight_is_adopted_not_run_again(tmp_path: Path) -> None:
+    run = run_with_script(tmp_path, QUICK)
+    backend = local.LocalBackend(slots=2, kill_wait_s=1)
+    with backend.session():
+        first = backend.submit([run])
+        again = backend.submit([run])
+        while backend.in_flight({run.name}):
+            time.sleep(0.05)
+    assert (first.launched, first.adopted) == ([run.name], [])
+    assert (again.launched, again.adopted) == ([], [run.name])
+    assert len(local.attempt_dirs(run)) == 1
+
+
+def test_an_interrupted_round_cancels_what_is_in_flight(tmp_path: Path) -> None:
+    run = run_with_script(tmp_path, "echo start; sleep 60\n")
+    backend = local.LocalBackend(slots=2, kill_wait_s=1)
+    rounds = Rounds(backend, poll_s=0.05)
+    stop = threading.Timer(1.0, _thread.interrupt_main)  # Ctrl-C, one second in
+    with pytest.raises(KeyboardInterrupt), backend.session():
+        stop.start()
+        rounds([run])
+    [attempt] = local.attempt_dirs(run)
+    record = json.loads((attempt / local.ACCOUNTING_FILE).read_text())
+    assert record["State"] == "CANCELLED"
+    assert not backend.in_flight({run.name})
