@@ -162,7 +162,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
                 row["empty_reason"] = empty_reason(cell, column, len(left_out))
             rows.append(row)
     frame = pd.DataFrame(rows)
-    for name in (*BEST_CSV_COLUMNS, "run_id", "attempt", "layout_label", "mfu"):
+    for name in (*BEST_CSV_COLUMNS, "run_id", "attempt", "layout_label", "mfu", "world_size"):
         if name not in frame.columns:
             frame[name] = None
     return frame

@@ -132,3 +132,13 @@ def test_the_cpu_demo_issue_impossible_mfu_never_shows_and_every_issue_is_listed
                         ("failures", "Attempts per cell by outcome class"),
                         ("mfu_distribution", "MFU (reported) of every completed run per cell")):
         assert title in (out / f"{stem}.svg").read_text(), stem
+
+
+def test_a_sweep_whose_every_run_is_left_out_still_gets_its_report(cpu_runs, tmp_path) -> None:
+    """The end of a detached sweep stopped early (a budget, one run with an impossible MFU):
+    nothing can be ranked, and the report says so instead of failing."""
+    impossible = cpu_runs[cpu_runs["run_id"].astype(str).str.contains("impossible")]
+    report = write_report(impossible, tmp_path / "r")
+    index = html.unescape((report.out_dir / "index.html").read_text())
+    assert "impossible#1 is left out of every ranking" in index
+    assert (report.out_dir / "heatmap_best.svg").is_file()
