@@ -45,7 +45,24 @@ def sweep_tasks(sweep: str) -> list[tuple[str, str]]:
 
 
 def cancel_sweep(sweep: str) -> None:
-    """Test clean-up: cancel whatever the sweep left (by comment, whatever the ledger says)."""
+    """Test clean-up: cancel whatever the sweep left (by comment, whatever the ledger says):
+    its arrays, its search driver and its report job (comments sweep-driver=, sweep-report=)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True,
+                         check=False).stdout
+    helpers = [job for job, _, comment in (line.partition("|") for line in out.splitlines())
+               if comment in (f"sweep-driver={sweep}", f"sweep-report={sweep}")]
     masters = sorted({job.split("_")[0] for job, _ in sweep_tasks(sweep)})
-    if masters:
-        subprocess.run(["scancel", *masters], check=False)
+    if helpers or masters:
+        subprocess.run(["scancel", *helpers, *masters], check=False)
+
+
+def wait_until_gone(job_id: str, timeout_s: float) -> None:
+    """Poll squeue until the job has left the queue (ended, however)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True,
+                                text=True, check=False).stdout.strip()
+        if not listed:
+            return
+        time.sleep(1.0)
+    raise AssertionError(f"job {job_id} still in the queue after {timeout_s} s")

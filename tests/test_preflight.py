@@ -98,7 +98,7 @@ def test_a_good_preflight_passes_once_and_is_remembered(
         slurm_cluster: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sweep"
-    assert main(["submit", str(spec_file(tmp_path, sweep_name)), "--out", str(out)]) == 0
+    assert main(["submit", str(spec_file(tmp_path, sweep_name)), "--out", str(out), "--no-report"]) == 0
     printed = capsys.readouterr().out
     assert "preflight passed on" in printed and "(llm-sweep" in printed
     record = json.loads((out / "preflight" / "passed.json").read_text())
@@ -115,7 +115,7 @@ def test_status_and_collect_agree_on_a_job_that_died_before_writing_anything(
         capsys: pytest.CaptureFixture[str]) -> None:
     spec = spec_file(tmp_path, sweep_name, ", python: /nonexistent/venv/bin/python3")
     out = tmp_path / "sweep"
-    assert main(["submit", str(spec), "--out", str(out), "--no-preflight"]) == 0
+    assert main(["submit", str(spec), "--out", str(out), "--no-preflight", "--no-report"]) == 0
     observation = wait_until_settled(out, timeout_s=120)
     [state] = observation.states
     assert state.state == "crashed", state

@@ -3,14 +3,25 @@
 Cancels the sweep's job arrays (one scancel per 1,000 arrays), or only their tasks in the given
 states, or only the given runs' tasks. Cancelled runs show as `cancelled`; `sweep resume
 --only cancelled` submits them again.
+
+A detached sweep's driver and report job are cancelled first (all of the sweep, not with --only
+or --run), and waited for until they have left the queue, so that no driver submits a round
+after its arrays were cancelled.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 from sweep.cli import UserError
+
+if TYPE_CHECKING:
+    from sweep.tracker import Tracker
+
+DRIVER_GONE_WAIT_S: Final = 60.0
 
 STATES = {"pending": "PENDING", "running": "RUNNING", "suspended": "SUSPENDED"}
 
@@ -21,6 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated task states to cancel, of: {','.join(STATES)}")
     parser.add_argument("--run", action="append", default=[], metavar="RUN_ID",
                         help="cancel only this run's task (repeatable)")
+
+
+def stop_driver(tracker: Tracker, wait_s: float = DRIVER_GONE_WAIT_S) -> list[str]:
+    """scancel the sweep's driver and report job when Slurm still holds them, then wait until
+    they have left the queue (the driver ignores SIGTERM until Slurm's KillWait sends SIGKILL).
+    Callers hold the submit lock, which a dying driver cannot take to submit a round."""
+    from sweep.driver import read_record
+
+    record = read_record(tracker.dir)
+    jobs = [str(record[k]) for k in ("job_id", "report_job") if record.get(k)]
+    live = [e.job_id for e in tracker.slurm.queue(jobs)] if jobs else []
+    if not live:
+        return []
+    tracker.slurm.cancel(live)
+    deadline = time.monotonic() + wait_s
+    while tracker.slurm.queue(live) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return live
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--only {','.join(wrong)}: not a state to cancel; choose from "
                         f"{','.join(STATES)}")
     tracker = Tracker(args.sweep_dir)
+    stopped: list[str] = []
     try:
         with tracker.lock():
+            if not args.run and not states:
+                stopped = stop_driver(tracker)
             subs = tracker.reconcile(write=True)
             masters = sorted({s.job_id for s in subs if s.job_id})
             live = [entry.job_id for entry in tracker.slurm.queue(masters)] if masters else []
@@ -52,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
                 tracker.slurm.cancel(targets, states=[STATES[s] for s in states])
     except SlurmError as error:
         raise UserError(str(error)) from None
+    if stopped:
+        print(f"stopped the sweep's driver/report job(s): {', '.join(stopped)}")
     scope = f" in state {','.join(states)}" if states else ""
     print(f"cancelled {len(targets)} {'task(s)' if args.run else 'job array(s)'}{scope} "
           f"of {tracker.dir.name}")

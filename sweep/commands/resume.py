@@ -3,15 +3,27 @@
 Default: every failure class except oom (a configuration that does not fit will not fit next
 time either), and every run never submitted (a submit that was killed midway). A completed run,
 or one pending or running, is never submitted again, so resume twice in a row is safe.
+
+A detached search (`sweep submit --strategy pruned|adaptive`) is resumed by its driver: when the
+recorded driver died before the search ended, resume submits a new one, which adopts the runs in
+flight; while a driver is live, resume leaves the sweep to it. After the search, resume reruns
+failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
+(--max-gpu-hours, or the spec's max_gpu_hours) nothing is submitted that could exceed it.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sweep.cli import UserError
-from sweep.commands.submit import add_submit_options, ensure_preflight, print_report
+from sweep.commands.submit import add_submit_options, budget_cap, ensure_preflight, print_report
+from sweep.driver import read_progress, read_record
+
+if TYPE_CHECKING:
+    from sweep.tracker import Tracker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,24 +50,77 @@ def classes(allowed: list[str]):  # noqa: ANN201 - an argparse type
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.slurm import SlurmError
-    from sweep.submission import counts_by, resumable
-    from sweep.tracker import Tracker, submit_runs
+    from sweep.tracker import Tracker
 
     tracker = Tracker(args.sweep_dir)
+    cap = budget_cap(tracker.dir, args.max_gpu_hours)
+    record = read_record(tracker.dir)
+    searched = bool(record.get("job_id")) and (record.get("options") or {}).get("strategy")
+    if searched and not _search_over(tracker, record, cap):
+        return _resume_search(tracker, record, cap, args)
     ensure_preflight(args.sweep_dir, args)
+    return _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
+
+
+def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) -> bool:
+    """Whether the recorded search ended: done, or stopped at a budget that was not raised."""
+    progress = read_progress(tracker.dir)
+    if progress.get("phase") == "done":
+        return True
+    old_cap = (record.get("options") or {}).get("max_gpu_hours")
+    return progress.get("phase") == "budget" and (cap is None or old_cap is None or cap <= old_cap)
+
+
+def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
+                   args: argparse.Namespace) -> int:
+    """A new driver for a search whose driver died (UserError while the old one is live)."""
+    from sweep.commands.submit import driver_settings
+    from sweep.driver import SearchOptions, start_driver
+    from sweep.slurm import SlurmError
+
+    recorded = SearchOptions(**record["options"])
+    options = replace(recorded, max_gpu_hours=cap,
+                      max_running=args.max_running or recorded.max_running)
+    if args.dry_run:
+        print(f"would submit a new {options.strategy} search driver (driver job "
+              f"{record['job_id']} is over); it adopts the runs in flight")
+        return 0
+    try:
+        job_id = start_driver(tracker, driver_settings(tracker.dir), options)
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    print(f"search driver: job {job_id} takes over from job {record['job_id']}; it adopts the "
+          f"runs in flight and goes on with the {options.strategy} search "
+          f"(`sweep status {tracker.dir}`)")
+    return 0
+
+
+def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, *,
+                 skip_never_submitted: bool) -> int:
+    """Resubmit the failed runs of the chosen classes, under the cap."""
+    from sweep.slurm import SlurmError
+    from sweep.submission import NEVER_SUBMITTED, counts_by, resumable
+    from sweep.tracker import LEFT_OUT_FILE, submit_runs
+
     try:
         with tracker.lock():
             subs = tracker.reconcile(write=not args.dry_run)
             observed = tracker.observe(subs)
             todo = resumable(observed.states, args.only)
-            report = submit_runs(tracker, todo, max_running=args.max_running, hold=args.hold,
-                                 dry_run=args.dry_run, exclude=observed.excluded)
+            if skip_never_submitted and not args.only:
+                never = {s.run_id for s in observed.states if s.state == NEVER_SUBMITTED}
+                todo = [r for r in todo if r not in never]
+            fit = tracker.fit_budget(todo, cap, observed, write=not args.dry_run)
+            report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
+                                 hold=args.hold, dry_run=args.dry_run, exclude=observed.excluded)
     except SlurmError as error:
         raise UserError(str(error)) from None
     print_report(report, args.dry_run)
-    chosen = counts_by(s for s in observed.states if s.run_id in set(todo))
+    chosen = counts_by(s for s in observed.states if s.run_id in set(fit.chosen))
     what = ", ".join(f"{n} {state}" for state, n in sorted(chosen.items())) or "nothing to resume"
     verb = "would resubmit" if args.dry_run else "resubmitted"
-    print(f"{verb} {len(todo) - len(report.left_over)} run(s): {what}")
+    print(f"{verb} {len(fit.chosen) - len(report.left_over)} run(s): {what}")
+    if fit.left_out:
+        print(f"{len(fit.left_out)} run(s) left out by the budget of {cap:g} GPU-hours"
+              + ("" if args.dry_run else f": listed in {tracker.dir / LEFT_OUT_FILE}"))
     return 0

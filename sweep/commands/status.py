@@ -1,5 +1,8 @@
 """`sweep status DIR [--watch]`: the state of every run, from status files, squeue and sacct.
 
+A detached search adds its driver: job id, state, round, runs launched and skipped, GPU-hours
+spent, and the end of its log when it died.
+
 One poll costs at most one squeue and one sacct per 1,000 job arrays (queried by array id, never
 task by task). Shows counts by state and by (model, nodes), GPU-hours used and an estimate of
 those still to spend, and the nodes the sweep excludes after repeated failures on them.
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 from sweep.cli import UserError
 
 if TYPE_CHECKING:
+    from sweep.driver import DriverView
     from sweep.tracker import Observation
 
 FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
@@ -109,9 +113,44 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Itera
            f"Slurm calls: {calls}; {elapsed_s:.2f} s")
 
 
+def render_driver(view: DriverView, spent_gpu_hours: float) -> str:
+    """The search driver's lines: job, state, round, runs launched/skipped/left out, GPU-hours,
+    and when it died, what to do and the end of its log."""
+    progress = view.progress
+    phase = progress.get("phase", "?")
+    lines = [f"search driver: job {view.job_id}, {view.state} ({view.slurm_state}), phase {phase}, "
+             f"round {progress.get('round', 0)}{_cells(progress)}, "
+             f"runs launched {progress.get('launched', 0)}, "
+             f"skipped {progress.get('skipped', '–') if phase in ('done', 'budget', 'reporting') else '–'}"
+             f", left out by the budget {progress.get('left_out', 0)}, "
+             f"GPU-hours spent {spent_gpu_hours:.2f}, stints {progress.get('stints', 0)}"]
+    if progress.get("summary"):
+        lines.append(f"  {progress['summary']}")
+    if view.state in ("dead", "lost") and phase not in ("done", "budget"):
+        lines.append(f"  the driver died before the search ended: `sweep resume {view.folder}` "
+                     "starts a new one, which adopts the runs in flight")
+    if progress.get("error"):
+        lines.append(f"  error: {progress['error']}")
+    lines += [f"  {line}" for line in view.log_tail]
+    return "\n".join(lines)
+
+
+def _cells(progress: dict[str, object]) -> str:
+    """` (cells: 3 open, 5 closed)`: open cells are those the latest round asked runs of; once
+    the search is over, every cell is closed."""
+    cells = progress.get("cells")
+    if not isinstance(cells, int):
+        return ""
+    over = progress.get("phase") in ("done", "budget", "reporting", "searched")
+    asked = progress.get("open_cells")
+    still = asked if isinstance(asked, int) and not over else 0
+    return f" (cells: {still} open, {cells - still} closed)"
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from sweep.driver import observe_driver
     from sweep.slurm import SlurmError
     from sweep.tracker import Tracker
 
@@ -127,6 +166,14 @@ def run(args: argparse.Namespace) -> int:
             console.clear()
         for item in render(observation, tracker.dir, time.perf_counter() - started):
             console.print(item)
-        if not args.watch or not any(s.in_flight for s in observation.states):
+        try:
+            view = observe_driver(tracker.dir, tracker.slurm)
+        except SlurmError as error:
+            raise UserError(str(error)) from None
+        if view is not None:
+            console.print(render_driver(view, gpu_hours(observation)[0]), markup=False,
+                          highlight=False, soft_wrap=True)
+        driving = view is not None and view.state == "live"
+        if not args.watch or not (driving or any(s.in_flight for s in observation.states)):
             return 0
         time.sleep(args.interval)

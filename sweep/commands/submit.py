@@ -5,9 +5,16 @@ already rendered. Runs of one resource shape go into one array (split at MaxArra
 by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
 submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
 
-With `--strategy pruned|adaptive` the search of sweep.economy picks the runs: submit stays in the
-foreground, submits a round, waits for it (polling as `sweep status` does), collects, and picks
-the next; interrupted and started again, it waits for what is in flight and goes on.
+With `--strategy pruned|adaptive` the search of sweep.economy picks the runs, round by round.
+Detached (the default for a search), a small CPU job on the cluster runs it (`sweep.driver`) and
+this command exits in seconds; `--foreground` runs it here: submits a round, waits for it
+(polling as `sweep status` does), collects, and picks the next; interrupted and started again, it
+waits for what is in flight and goes on. A one-round (exhaustive) sweep gets a report job that
+collects and reports after its arrays (`--no-report`: none).
+
+Before anything is submitted the sweep's estimated and worst-case GPU-hours are printed;
+`--max-gpu-hours` (or the spec's `max_gpu_hours`) caps them, and a worst case above
+sweep.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from sweep.cli import UserError
 from sweep.economy import STRATEGIES
 
 if TYPE_CHECKING:
+    from sweep.driver import SearchOptions
+    from sweep.spec import DriverSettings, Spec
     from sweep.tracker import SubmitReport, Tracker
 
 
@@ -33,6 +42,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "once); pruned and adaptive submit round by round and wait")
     parser.add_argument("--poll-s", type=float, default=30.0,
                         help="with a strategy: seconds between polls of a round (default 30)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--detach", dest="detach", action="store_true", default=None,
+                      help="run the search in a small CPU job on the cluster (spec: driver) and "
+                           "exit; the default for pruned and adaptive")
+    mode.add_argument("--foreground", dest="detach", action="store_false",
+                      help="run the search in this process, which must live until it ends")
+    parser.add_argument("--no-report", action="store_true",
+                        help="do not collect and report on the cluster when the sweep ends")
+    parser.add_argument("--yes", action="store_true",
+                        help="submit without asking, however many GPU-hours the worst case is")
     add_submit_options(parser)
 
 
@@ -52,6 +71,10 @@ def add_submit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preflight-timeout", type=float, default=600.0, metavar="S",
                         help="give up on the preflight after S seconds, queue wait included "
                              "(default %(default)s)")
+    parser.add_argument("--max-gpu-hours", type=positive_float, default=None, metavar="H",
+                        help="cap the sweep at H GPU-hours (spent + in flight at its time limit); "
+                             "runs that would exceed it are left out and listed in "
+                             "budget_left_out.txt (default: the spec's max_gpu_hours)")
 
 
 def ensure_preflight(folder: Path, args: argparse.Namespace) -> None:
@@ -83,6 +106,16 @@ def ensure_preflight(folder: Path, args: argparse.Namespace) -> None:
         raise UserError(f"preflight failed: {error}") from None
     print(f"preflight passed on {result['host']} in {result['seconds']:.1f} s "
           f"({result['framework']['found']})")
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GPU-hours")
+    return value
 
 
 def positive(text: str) -> int:
@@ -121,69 +154,202 @@ def print_report(report: SubmitReport, dry_run: bool) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.slurm import SlurmError
-    from sweep.submission import latest_tasks
-    from sweep.tracker import Tracker, submit_runs
-
     started = time.perf_counter()
-    if args.strategy != "exhaustive" and (args.dry_run or args.hold):
+    detach = args.detach if args.detach is not None else args.strategy != "exhaustive"
+    if args.strategy != "exhaustive" and (args.hold or (args.dry_run and not detach)):
         raise UserError(f"--strategy {args.strategy} waits for each round's results: it cannot "
-                        "be combined with --dry-run or --hold")
+                        "be combined with --hold, nor --dry-run in the foreground (--detach "
+                        "--dry-run shows the driver it would submit)")
     if args.poll_s <= 0:
         raise UserError(f"--poll-s: must be positive, got {args.poll_s}")
+    from sweep.tracker import Tracker
+
     folder = sweep_folder(args.target, args.out)
     tracker = Tracker(folder)
+    cap = budget_cap(folder, args.max_gpu_hours)
+    announce_budget(tracker, cap, args)
     ensure_preflight(folder, args)
-    if args.strategy != "exhaustive":
-        return _search(folder, tracker, args)
+    if args.strategy == "exhaustive":
+        return _submit_all(folder, tracker, cap, args, started)
+    options = search_options(args, cap)
+    if detach:
+        return _detach(folder, tracker, options, args.dry_run, started)
+    return _foreground(folder, options)
+
+
+def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions:
+    from sweep.driver import SearchOptions
+
+    return SearchOptions(strategy=args.strategy, max_running=args.max_running, poll_s=args.poll_s,
+                         max_gpu_hours=cap, report=not args.no_report)
+
+
+# -- the budget -----------------------------------------------------------------------------------
+
+def budget_cap(folder: Path, given: float | None) -> float | None:
+    """--max-gpu-hours, else the spec's max_gpu_hours (from the sweep's spec.yaml), else none."""
+    if given is not None:
+        return given
+    spec = planned_spec(folder)
+    return spec.max_gpu_hours if spec is not None else None
+
+
+def planned_spec(folder: Path) -> Spec | None:
+    """The spec the sweep was planned from (its spec.yaml copy); None for a hand-made folder."""
+    from sweep.commands.plan import SPEC_COPY
+    from sweep.spec import SpecError, load_spec
+
+    if not (folder / SPEC_COPY).is_file():
+        return None
+    try:
+        return load_spec(folder / SPEC_COPY)
+    except SpecError as error:
+        raise UserError(str(error)) from None
+
+
+def driver_settings(folder: Path) -> DriverSettings:
+    from sweep.spec import DriverSettings
+
+    spec = planned_spec(folder)
+    return spec.driver if spec is not None else DriverSettings()
+
+
+def step_times(folder: Path) -> dict[str, float]:
+    """The plan's predicted step time of each run (run id → seconds), where it has one."""
+    import pandas as pd
+
+    from sweep.commands.plan import PLAN_FILE
+
+    path = folder / PLAN_FILE
+    if not path.is_file():
+        return {}
+    plan = pd.read_parquet(path, columns=None)
+    if "pred_step_time_s" not in plan or "run_id" not in plan:
+        return {}
+    known = plan.dropna(subset=["pred_step_time_s", "run_id"])
+    return dict(zip(known["run_id"].astype(str), known["pred_step_time_s"].astype(float), strict=True))
+
+
+def announce_budget(tracker: Tracker, cap: float | None, args: argparse.Namespace) -> None:
+    """Print the GPU-hours of the runs not submitted yet (expected and worst case) and the cap;
+    ask before a worst case above the confirmation threshold (UserError when declined, or with
+    no terminal to ask and no --yes)."""
+    import sys
+
+    from sweep.budget import capped_worst, confirmation, estimate
+    from sweep.submission import latest_tasks
+
+    seen = latest_tasks(tracker.submissions())
+    todo = [r for r in tracker.run_ids() if r not in seen]
+    if not todo:
+        return
+    times = step_times(tracker.dir)
+    found = estimate(tracker.run_costs(todo, times), predicted=sum(r in times for r in todo))
+    print(found.describe() + (f"; capped at {cap:g} (--max-gpu-hours)" if cap is not None else ""))
+    worst = capped_worst(found.worst_gpu_hours, cap)
+    if args.dry_run:
+        return
+    decision = confirmation(worst, yes=getattr(args, "yes", False), interactive=sys.stdin.isatty())
+    if decision == "refuse":
+        raise UserError(f"this sweep may use up to {worst:,.0f} GPU-hours and there is no terminal "
+                        "to confirm it: pass --yes to submit anyway, or --max-gpu-hours H to cap it")
+    if decision == "ask":
+        answer = input(f"this sweep may use up to {worst:,.0f} GPU-hours; submit? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UserError("not submitted (answer y, or pass --yes)")
+
+
+# -- the three ways to submit -------------------------------------------------------------------
+
+def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argparse.Namespace,
+                started: float) -> int:
+    """One round: every run not submitted before, under the cap, then the report job."""
+    from sweep.slurm import SlurmError
+    from sweep.submission import latest_tasks
+    from sweep.tracker import LEFT_OUT_FILE, submit_runs
+
     try:
         with tracker.lock():
             subs = tracker.reconcile(write=not args.dry_run)
             seen = latest_tasks(subs)
             todo = [run_id for run_id in tracker.run_ids() if run_id not in seen]
-            report = submit_runs(tracker, todo, max_running=args.max_running, hold=args.hold,
-                                 dry_run=args.dry_run)
+            fit = tracker.fit_budget(todo, cap, write=not args.dry_run)
+            report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
+                                 hold=args.hold, dry_run=args.dry_run)
+            report_job = _report_job(folder, tracker, report, args)
     except SlurmError as error:
         raise UserError(str(error)) from None
     print_report(report, args.dry_run)
     skipped = len(seen)
     tasks = sum(t for _, _, t in report.submitted)
     verb = "would submit" if args.dry_run else "submitted"
-    print(f"{verb} {len(todo) - len(report.left_over)} run(s) in {len(report.commands)} "
+    print(f"{verb} {len(fit.chosen) - len(report.left_over)} run(s) in {len(report.commands)} "
           f"array(s)" + (f" ({tasks} tasks)" if not args.dry_run else "")
           + (f"; {skipped} run(s) submitted before (see `sweep status`)" if skipped else "")
           + f" in {time.perf_counter() - started:.1f} s")
+    if fit.left_out:
+        print(f"{len(fit.left_out)} run(s) left out by the budget of {cap:g} GPU-hours"
+              + ("" if args.dry_run else f": listed in {folder / LEFT_OUT_FILE}"))
+    if report_job:
+        print(f"report job {report_job} collects and reports after the arrays end "
+              f"(→ {folder / 'report' / 'index.html'})")
     return 0
 
 
-def _search(folder: Path, tracker: Tracker, args: argparse.Namespace) -> int:
-    import pandas as pd
+def _report_job(folder: Path, tracker: Tracker, report: SubmitReport,
+                args: argparse.Namespace) -> str | None:
+    """The afterany job that collects and reports after this submission's arrays."""
+    if args.dry_run or args.no_report or not report.submitted:
+        return None
+    from sweep.driver import submit_report_job
 
-    from sweep.calibrate import workloads_for
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
-    from sweep.live_search import search_sweep
+    return submit_report_job(folder, driver_settings(folder), [j for _, j, _ in report.submitted],
+                             tracker.sweep_name())
+
+
+def _detach(folder: Path, tracker: Tracker, options: SearchOptions, dry_run: bool,
+            started: float) -> int:
+    """Submit the search driver and say how to follow it."""
+    from sweep.driver import DRIVER_DIR, start_driver
     from sweep.slurm import SlurmError
-    from sweep.spec import load_spec
-    from sweep.submission import counts_by
-    from sweep.tracker import Observation, SlurmRounds
 
-    if not (folder / PLAN_FILE).is_file() or not (folder / SPEC_COPY).is_file():
-        raise UserError(f"{folder}: --strategy needs the sweep's {PLAN_FILE} and {SPEC_COPY}; "
-                        "submit the spec file, or run `sweep plan` and `sweep render` first")
-    spec = load_spec(folder / SPEC_COPY)
-    plan = pd.read_parquet(folder / PLAN_FILE)
+    settings = driver_settings(folder)
+    where = settings.partition or "the default partition"
+    if dry_run:
+        print(f"would submit the {options.strategy} search driver: 1 CPU job on {where} "
+              f"({settings.cpus} CPU, {settings.mem}, {settings.time_limit} per stint, requeued "
+              f"at its limit); nothing submitted")
+        return 0
+    try:
+        job_id = start_driver(tracker, settings, options)
+    except SlurmError as error:
+        raise UserError(str(error)) from None
+    print(f"search driver: job {job_id} on {where} ({options.strategy}) in "
+          f"{time.perf_counter() - started:.1f} s; you may log out.\n"
+          f"  sweep status {folder}        # driver state, round, runs, GPU-hours\n"
+          f"  squeue -j {job_id}; logs in {folder / DRIVER_DIR}\n"
+          + ("" if not options.report else
+             f"  report when it ends: {folder / 'report' / 'index.html'}\n")
+          + f"  sweep cancel {folder}        # stops the driver and its runs")
+    return 0
+
+
+def _foreground(folder: Path, options: SearchOptions) -> int:
+    """The search in this process (the same code the driver runs); as before detached sweeps,
+    it neither collects nor reports at the end."""
+    from sweep.driver import search_on_slurm
+    from sweep.slurm import SlurmError
+    from sweep.submission import counts_by
+    from sweep.tracker import Observation
 
     def report(observation: Observation) -> None:
         counts = counts_by(observation.states)
         print(time.strftime("%H:%M:%S"), ", ".join(f"{n} {state}" for state, n in
                                                    sorted(counts.items())), flush=True)
 
-    rounds = SlurmRounds(tracker, max_running=args.max_running, poll_s=args.poll_s,
-                         on_poll=report)
     try:
-        search = search_sweep(folder, plan, args.strategy, workloads_for(spec), rounds,
-                              rounds.finished)
+        end = search_on_slurm(folder, options, on_poll=report)
     except SlurmError as error:
         raise UserError(str(error)) from None
-    print(search.summary(folder))
+    print(end.summary)
     return 0

@@ -101,7 +101,7 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC.format(name=name))
     out = tmp_path / "sweep"
-    assert main(["submit", str(spec), "--out", str(out)]) == 0
+    assert main(["submit", str(spec), "--out", str(out), "--no-report"]) == 0
     tracker = Tracker(out)
     layout = {}
     for run_id in tracker.run_ids():
@@ -211,7 +211,7 @@ def test_a_node_that_cannot_start_its_step_is_a_node_failure_blamed_on_that_node
     assert main(["render", str(spec), "--out", str(out)]) == 0
     local_slurm("kill-node", "node2")
     try:
-        assert main(["submit", str(out)]) == 0
+        assert main(["submit", str(out), "--no-report"]) == 0
         observation = wait_until_settled(out, timeout_s=120)
     finally:
         local_slurm("restart-node", "node2")

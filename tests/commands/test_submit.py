@@ -17,11 +17,18 @@ import pyarrow.parquet as pq
 import pytest
 
 from sweep.cli import main
+from sweep.driver import read_record
 from sweep.slurm import Slurm
 from sweep.state import read_jsonl
 from sweep.submission import job_comment, submissions
 from sweep.tracker import TASKS_FILE, Tracker
-from tests.slurm_sweeps import cancel_sweep, job_path, sweep_tasks, wait_until_settled
+from tests.slurm_sweeps import (
+    cancel_sweep,
+    job_path,
+    sweep_tasks,
+    wait_until_gone,
+    wait_until_settled,
+)
 
 __all__ = ["job_path"]  # a fixture
 
@@ -75,8 +82,14 @@ def test_a_builtin_sweep_of_two_node_runs_completes_and_collects(
     assert not (out / "ledger.jsonl").exists()  # a dry run submits nothing
 
     assert main(["submit", str(spec), "--out", str(out), "--max-running", "2"]) == 0
+    report_job = str(read_record(out)["report_job"])
+    assert f"report job {report_job} collects and reports after the arrays end" in \
+        capsys.readouterr().out
     observation = wait_until_settled(out, timeout_s=240)
     assert [s.state for s in observation.states] == ["completed", "completed"], observation.states
+    wait_until_gone(report_job, timeout_s=120)  # afterany: it starts once both tasks ended
+    assert (out / "report" / "index.html").is_file()  # the results wait for the user
+    assert len(pq.read_table(out / "runs.parquet")) == 2
     for state in observation.states:  # Slurm's own output landed in the run folder, linked
         attempt = out / "runs" / state.run_id / "attempts" / str(state.attempt)
         master, _, index = (state.task or "").partition("_")
@@ -196,7 +209,7 @@ def test_a_search_strategy_submits_round_by_round_and_records_every_runs_fate(
 
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned",
-                 "--poll-s", "1"]) == 0
+                 "--foreground", "--poll-s", "1"]) == 0
     assert "pruned: launched 2 of 2 run(s) in 1 round(s)" in capsys.readouterr().out
     fates = pd.read_csv(out / SEARCH_RUNS_FILE)
     assert list(fates["fate"]) == ["launched", "launched"]
@@ -205,7 +218,7 @@ def test_a_search_strategy_submits_round_by_round_and_records_every_runs_fate(
     observation = Tracker(out).observe()
     assert [s.state for s in observation.states] == ["completed", "completed"]
     # Started again, the search finds every run decided and submits nothing.
-    assert main(["submit", str(out), "--strategy", "pruned", "--poll-s", "1"]) == 0
+    assert main(["submit", str(out), "--strategy", "pruned", "--foreground", "--poll-s", "1"]) == 0
     assert [s.attempt for s in Tracker(out).observe().states] == [1, 1]
 
 
