@@ -16,7 +16,9 @@ not nodes × the spec's GPUs per node, are skipped and counted. A field a format
 
 The measured allocated peak of the full table is nanotron's: its `log_memory` resets the peak
 counters after the forward/backward pass, so it is compared with the memory model's
-`mem_step_allocated_bytes` when the model provides it (else `mem_allocated_bytes`).
+`mem_step_allocated_bytes` when the model provides it (else `mem_allocated_bytes`). Both tables
+measured rank 0, so the peaks are predicted for the first pipeline stage; the verdict, as the
+planner's, uses the most loaded stage.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
-from sweep import catalog, space
+from sweep import catalog, memory, space
+from sweep.memory_profiles import MemoryProfile
 from sweep.model import ModelShape, count_parameters
 from sweep.spec import Spec
 
@@ -194,42 +197,96 @@ def _match_shape(row: dict[str, object], spec: Spec) -> str | None:
 
 # Scoring ----------------------------------------------------------------------------------------
 
-def judge(runs: Runs, spec: Spec) -> pd.DataFrame:
-    """The runs with the planner's verdict (`kept`, `prune_rule`) and predicted bytes."""
+def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
+    """The planner's candidate columns for runs of one model (as `sweep.space` builds them)."""
+    schedule = spec.axes.pp_schedule[0]
+    n = len(group)
+    columns = {k: group[k].to_numpy(np.int64) for k in
+               ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
+    columns.update(cp=np.ones(n, np.int64), ep=np.ones(n, np.int64),
+                   sp=group["sp"].to_numpy(bool) & (columns["tp"] > 1),  # as the plan
+                   recompute=np.full(n, spec.axes.recompute[0]),
+                   pp_schedule=np.full(n, schedule),
+                   vpp=np.where((schedule == "interleaved_1f1b") & (columns["pp"] > 1),
+                                space.INTERLEAVED_VPP, 1))
+    return columns
+
+
+def _evaluate_with(columns: dict[str, np.ndarray], ctx: space.RuleContext,
+                   profile: MemoryProfile) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """`space.evaluate(..., skip={batch}, memory_for_all=True)` under another memory profile (the
+    allocator constants of a fit): the rules before memory as the planner runs them, then the
+    memory rule as `space.evaluate` applies it, on this profile's estimate."""
+    code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch", "memory"}))
+    mem = _estimate(columns, ctx, profile, "most_loaded")
+    if ctx.memory_budget_bytes is not None and mem:
+        over = (mem["mem_total_bytes"] > ctx.memory_budget_bytes) & (columns["grad_acc"] >= 1)
+        code[(code == -1) & over] = space.RULE_NAMES.index("memory")
+    return code, mem
+
+
+def _estimate(columns: dict[str, np.ndarray], ctx: space.RuleContext, profile: MemoryProfile | str,
+              stage: str) -> dict[str, np.ndarray]:
+    """The memory model's columns for the runs with grad_acc >= 1 (-1 for the others)."""
+    n = len(columns["tp"])
+    wanted = columns["grad_acc"] >= 1
+    mem: dict[str, np.ndarray] = {}
+    if wanted.any():
+        subset = {k: v[wanted] for k, v in columns.items()}
+        estimated = memory.estimate_columns(ctx.model, subset, seq_len=ctx.seq_len,
+                                            dtype=ctx.dtype, profile=profile, stage=stage)
+        for key, values in estimated.items():
+            full = np.full(n, -1, dtype=np.int64)
+            full[wanted] = values
+            mem[key] = full
+    return mem
+
+
+def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.DataFrame:
+    """The runs with the planner's verdict (`kept`, `prune_rule`) and predicted bytes.
+
+    The verdict is the planner's (the memory rule on the most loaded stage); the predicted peaks
+    are rank 0's, the first pipeline stage, because rank 0 is the rank both tables measured.
+    `allocator`: a memory profile to judge with instead of the spec framework's (what
+    `sweep.fit` passes to score allocator constants fitted on other runs)."""
     frame = runs.frame.copy()
     frame["kept"] = False
     frame["prune_rule"] = None
     frame["pred_alloc_bytes"] = np.nan
     frame["pred_reserved_bytes"] = np.nan
-    schedule = spec.axes.pp_schedule[0]
     for name, group in frame.groupby("model"):
         model = next(m for m in spec.model_shapes if m.name == name)
-        n = len(group)
-        columns = {k: group[k].to_numpy(np.int64) for k in
-                   ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
-        columns.update(cp=np.ones(n, np.int64), ep=np.ones(n, np.int64),
-                       sp=group["sp"].to_numpy(bool) & (columns["tp"] > 1),  # as the plan
-                       recompute=np.full(n, spec.axes.recompute[0]),
-                       pp_schedule=np.full(n, schedule),
-                       vpp=np.where((schedule == "interleaved_1f1b") & (columns["pp"] > 1),
-                                    space.INTERLEAVED_VPP, 1))
+        columns = layout_columns(group, spec)
         ctx = space.RuleContext.from_spec(spec, model)
-        code, mem = space.evaluate(columns, ctx, skip=frozenset({"batch"}), memory_for_all=True)
+        profile: MemoryProfile | str = ctx.framework
+        if allocator is None:
+            code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch"}))
+        else:
+            profile = allocator
+            code, _ = _evaluate_with(columns, ctx, allocator)
         frame.loc[group.index, "kept"] = code < 0
         frame.loc[group.index, "prune_rule"] = [None if c < 0 else space.RULE_NAMES[c]
                                                 for c in code]
-        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in mem \
+        rank0 = _estimate(columns, ctx, profile, "first")
+        if not rank0:
+            continue
+        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in rank0 \
             else "mem_allocated_bytes"
         for target, key in (("pred_alloc_bytes", alloc_key),
                             ("pred_reserved_bytes", "mem_reserved_bytes")):
-            values = mem[key].astype(np.float64)
+            values = rank0[key].astype(np.float64)
             frame.loc[group.index, target] = np.where(values < 0, np.nan, values)
     return frame
 
 
-def score(runs: Runs, spec: Spec) -> MemoryCheck:
-    judged = judge(runs, spec)
-    full = runs.format == "full"
+def score(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> MemoryCheck:
+    """The planner and the memory model scored on the runs (`allocator`: see `judge`)."""
+    return score_judged(judge(runs, spec, allocator), runs.format, runs.n_skipped)
+
+
+def score_judged(judged: pd.DataFrame, fmt: str, n_skipped: int = 0) -> MemoryCheck:
+    """The figures of judged runs (`judge`, or several judged frames concatenated)."""
+    full = fmt == "full"
     outcome = judged["outcome"]
     success = outcome == "success"
     failed = ~success
@@ -242,7 +299,7 @@ def score(runs: Runs, spec: Spec) -> MemoryCheck:
         n_oom=int(oom.sum()) if full else None,
         n_other=int((outcome == "other").sum()) if full else None,
         n_failed=int(failed.sum()),
-        n_skipped=runs.n_skipped,
+        n_skipped=n_skipped,
         success_kept_frac=_mean(judged.loc[success, "kept"]),
         oom_pruned_frac=_mean(~judged.loc[oom, "kept"]) if full else None,
         failed_pruned_frac=_mean(~judged.loc[failed, "kept"]),

@@ -5,8 +5,10 @@ framework keeps, which of them ZeRO shards, how it splits layers over pipeline s
 logits path is, and what its allocator and runtime cost beyond live tensors.
 
 Only the allocator constants are fitted to measurements (three fragmentation shares and a floor,
-calibrated once on the playbook's nanotron runs and shared by every profile); everything else comes
-from how the framework is written (each profile's description says what it keeps).
+fitted by scripts/fit_memory.py on the playbook's nanotron runs, read from sweep/fitted_constants.py
+and shared by every profile; `reserved_interval` turns their leave-one-model-out error into a band);
+everything else comes from how the framework is written (each profile's description says what it
+keeps).
 
 Pure: no I/O.
 """
@@ -18,11 +20,15 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
+import numpy as np
+from numpy.typing import ArrayLike
+
+from sweep import fitted_constants
+
 MiB: Final = 1 << 20
 GiB: Final = 1 << 30
 
-# The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it.
-# Calibrated on playbook_bench_full_1B_8B.csv (nanotron, 1,027 successful runs; tests/test_memory.py):
+# The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it:
 # - activations of a micro-batch that is alone in flight: each micro-batch allocates and frees the same
 #   sizes in the same order, so the cached blocks are reused and little is lost;
 # - activations of micro-batches the pipeline schedule keeps in flight: the oldest is freed while newer
@@ -30,14 +36,40 @@ GiB: Final = 1 << 30
 # - logits and loss: the largest tensors of the step, allocated when the pool is fullest, then re-split
 #   by smaller requests, so they need fresh segments again next time;
 # - a floor: rounding and small-block pools.
-# Chosen on a grid for the reserved-memory error and the success/OOM split at once; the published
-# llm-foundry configurations (FSDP, no pipeline, large micro-batches) bound the sequential share to
-# about 0.1. Measured: reserved error median 0.086, p90 0.22; 99.2 % of successful runs fit, 90.6 %
-# of OOM runs do not.
-FRAG_SEQUENTIAL: Final = 0.10
-FRAG_PIPELINED: Final = 0.40
-FRAG_LOGITS: Final = 0.30
-RESERVED_FLOOR_BYTES: Final = 256 * MiB
+# Fitted, not chosen: scripts/fit_memory.py searches the grid of sweep.fit.GRID on the playbook's
+# results table (playbook_bench_full_1B_8B.csv, nanotron, 1,027 successful runs) for the objective of
+# sweep.fit.OBJECTIVE (the smallest mean reserved-peak error of rank 0 that keeps >= 99 % of the
+# successful runs, prunes >= 90 % of the OOM runs, and fits every published llm-foundry
+# H100/A100-80GB configuration, which bounds the sequential share) and writes them with their
+# provenance (data sha256, grid, objective, date) to sweep/fitted_constants.py; tests/test_fit.py
+# reruns the fit. One set for every profile: only nanotron rows measured the reserved peak.
+FRAG_SEQUENTIAL: Final = fitted_constants.FRAG_SEQUENTIAL
+FRAG_PIPELINED: Final = fitted_constants.FRAG_PIPELINED
+FRAG_LOGITS: Final = fitted_constants.FRAG_LOGITS
+RESERVED_FLOOR_BYTES: Final = fitted_constants.RESERVED_FLOOR_BYTES
+# How far off the reserved peak is on a model the constants were not fitted on: the 5th and 95th
+# percentiles of predicted / measured - 1, leave-one-model-out (sweep.fit.cross_validate).
+RESERVED_BAND: Final[tuple[float, float]] = fitted_constants.RESERVED_BAND
+
+
+def reserved_interval(predicted_bytes: ArrayLike, band: tuple[float, float] = RESERVED_BAND,
+                      fixed_bytes: ArrayLike = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The interval in which the measured bytes should lie (90 % of held-out runs did), per run.
+
+    `predicted_bytes`: the memory model's reserved peak (`mem_reserved_bytes`); `fixed_bytes`: what
+    is added outside the allocator and not fitted (`mem_overhead_bytes`, to get an interval of
+    `mem_total_bytes`). Why a band on the measurement rather than on the prediction: the held-out
+    error is predicted / measured - 1 = e, so measured = predicted / (1 + e), and the 5th..95th
+    percentiles of e give [predicted / (1 + e95), predicted / (1 + e05)]. A candidate whose upper
+    bound stays under the budget fits with that confidence; one whose interval straddles it is
+    uncertain, not infeasible. Pure and vectorised; the planner does not use it yet.
+    """
+    lo, hi = band
+    if not -1.0 < lo <= hi:
+        raise ValueError(f"band must satisfy -1 < low <= high; got {band}")
+    predicted = np.asarray(predicted_bytes, dtype=np.float64)
+    fixed = np.asarray(fixed_bytes, dtype=np.float64)
+    return predicted / (1.0 + hi) + fixed, predicted / (1.0 + lo) + fixed
 
 
 @dataclass(frozen=True)

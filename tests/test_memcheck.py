@@ -152,3 +152,26 @@ def test_rows_without_a_layout_or_on_other_hardware_are_skipped(
     raw.to_csv(path, index=False)
     result = memcheck.check(path, playbook)
     assert result.n_skipped == 2 and result.n_success + result.n_failed == 8
+
+
+def test_peaks_are_predicted_for_rank_0_and_the_verdict_for_the_most_loaded_stage(
+        refdata: Path, playbook: Spec) -> None:
+    """Both tables measured rank 0, the first pipeline stage: its peaks are compared with the
+    first stage's prediction, while the planner's verdict weighs the most loaded stage."""
+    import numpy as np
+
+    from sweep import memory, space
+
+    runs = memcheck.read_runs(refdata / FULL, playbook)
+    judged = memcheck.judge(runs, playbook)
+    group = judged[(judged.model == "playbook-1b") & (judged.grad_acc >= 1)]
+    model = next(m for m in playbook.model_shapes if m.name == "playbook-1b")
+    columns = memcheck.layout_columns(group, playbook)
+    ctx = space.RuleContext.from_spec(playbook, model)
+    first, loaded = (memory.estimate_columns(model, columns, seq_len=ctx.seq_len, dtype=ctx.dtype,
+                                             profile=ctx.framework, stage=stage)
+                     for stage in ("first", "most_loaded"))
+    assert np.array_equal(group["pred_reserved_bytes"].to_numpy(), first["mem_reserved_bytes"])
+    assert (first["mem_reserved_bytes"] != loaded["mem_reserved_bytes"]).any()
+    code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch"}))
+    assert np.array_equal(group["kept"].to_numpy(bool), code < 0)

@@ -1,19 +1,32 @@
-"""`sweep memory-check RUNS.csv --spec SPEC [--json]`: score the memory model and the prune rules.
+"""`sweep memory-check RUNS.csv --spec SPEC [--cv model] [--json]`: score the memory model and the prune rules.
 
 Reads either runs format (see `sweep.memcheck`), judges every run as the planner would, and
 prints the fields of `sweep.memcheck.FIELDS`; `--json` emits them as one JSON object, with
 null where the file's format cannot give a field.
+
+`--cv model` (leave one model out): for each model of the file in turn, refits the allocator
+constants (`sweep.fit.fit_basis`, the fit that wrote sweep/fitted_constants.py, on its grid and
+objective, with the published llm-foundry configurations as a constraint when the reference data
+has them) on the other models' runs only, and scores the model left out with them. It prints the
+fields of `sweep.memcheck.FIELDS` in-sample (the spec's constants) beside cross-validated, pooled
+over every model (each run scored by the fold that left it out, against the issue's targets,
+`sweep.fit.TARGETS`) and per fold; the band of the held-out error; and, for each published table
+of `sweep.fit.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
+the share predicted to fit under the in-sample constants, each fold's, and constants fitted on
+this runs file alone (without the llm-foundry constraint: that table held out too).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
-from sweep import memcheck
+from sweep import fit, memcheck
 from sweep.cli import UserError
-from sweep.spec import load_spec
+from sweep.refdata import refdata_dir
+from sweep.spec import Spec, load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", type=Path, required=True,
                         help="the spec whose models, hardware and rules judge the runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--cv", choices=("model",), default=None,
+                        help="leave one model out: refit the allocator constants on the other "
+                             "models' runs and score the model left out, for each model")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
         runs = memcheck.read_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
+    if args.cv == "model":
+        return _cross_validate(args, runs, spec)
     result = memcheck.score(runs, spec).to_dict()
     if args.json:
         print(json.dumps(result))
@@ -38,6 +56,77 @@ def run(args: argparse.Namespace) -> int:
     for name in memcheck.FIELDS:
         print(f"  {name:<28} {_show(result[name])}")
     return 0
+
+
+def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> int:
+    published = fit.published_bases(refdata_dir())
+    must_fit = published.get(fit.LLMFOUNDRY_FILE)
+    try:
+        cv = fit.cross_validate(runs, spec, must_fit=must_fit)
+        # the published configurations held out too: constants fitted on this table alone
+        alone = fit.fit_allocator(runs, spec).allocator
+    except ValueError as error:
+        raise UserError(f"{args.runs}: {error}") from None
+    columns = {"in-sample": cv.in_sample_allocator,
+               **{f"without {fold.held_out}": fold.allocator for fold in cv.folds},
+               "this table alone": alone}
+    published_fit = {name: {column: fit.published_fit_frac(b, a) for column, a in columns.items()}
+                     for name, b in published.items()}
+    targets = {name: {"target": f"{op} {bound}",
+                      "met": fit.meets(getattr(cv.cross_validated, name), op, bound)}
+               for name, (op, bound) in fit.TARGETS.items()}
+    if args.json:
+        print(json.dumps({"cv": "model", "objective": fit.OBJECTIVE, **cv.to_dict(),
+                          "targets": targets, "allocator_this_table_alone": asdict(alone),
+                          "published_fit_frac": published_fit}))
+        return 0
+    constraint = "" if must_fit is not None else (
+        f" (without the published llm-foundry constraint: no {fit.LLMFOUNDRY_FILE} in "
+        f"{refdata_dir()})")
+    print(f"{args.runs} ({runs.format} format) against {args.spec} ({spec.framework}), leave one "
+          "model out: the allocator constants refitted on the other models' runs, by the objective "
+          f"of sweep.fit.OBJECTIVE{constraint}")
+    print(f"in-sample: the spec's constants ({_allocator(cv.in_sample_allocator)})")
+    _table("every model, each scored by the fold that left it out", cv.in_sample,
+           cv.cross_validated, targets)
+    for fold in cv.folds:
+        _table(f"{fold.held_out} left out (fitted on {', '.join(fold.trained_on)}: "
+               f"{_allocator(fold.allocator)})", fold.in_sample, fold.cross_validated, None)
+    lo, hi = cv.band()
+    print(f"held-out predicted / measured - 1 of the reserved peak, 5th..95th percentile: "
+          f"{lo:+.3f} .. {hi:+.3f}")
+    if published_fit:
+        print("published configurations predicted to fit (they ran; llm-foundry is the fit's "
+              "constraint, except for constants fitted on this table alone: "
+              f"{_allocator(alone)})")
+        print(f"  {'':<38}" + "".join(f"{column:>22}" for column in columns))
+        for name, fracs in published_fit.items():
+            print(f"  {name:<38}" + "".join(f"{fracs[column]:>22.4f}" for column in columns))
+    return 0
+
+
+def _allocator(a: fit.Allocator | None) -> str:
+    if a is None:
+        return "none"
+    return (f"sequential {a.sequential:g}, pipelined {a.pipelined:g}, logits {a.logits:g}, "
+            f"floor {a.floor_bytes / 2**20:g} MiB")
+
+
+def _table(title: str, in_sample: memcheck.MemoryCheck, held_out: memcheck.MemoryCheck,
+           targets: dict[str, dict[str, str | bool | None]] | None) -> None:
+    print(title)
+    print(f"  {'':<28} {'in-sample':>10} {'cross-validated':>16}" + ("  target" if targets else ""))
+    a, b = in_sample.to_dict(), held_out.to_dict()
+    for name in memcheck.FIELDS:
+        line = f"  {name:<28} {_cell(a[name]):>10} {_cell(b[name]):>16}"
+        if targets and name in targets:
+            met = targets[name]["met"]
+            line += f"  {targets[name]['target']} ({'n/a' if met is None else 'met' if met else 'NOT met'})"
+        print(line)
+
+
+def _cell(value: object) -> str:
+    return "null" if value is None else _show(value)
 
 
 def _show(value: object) -> str:

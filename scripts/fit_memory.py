@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Fit the memory model's allocator constants and write sweep/fitted_constants.py.
+
+    python scripts/fit_memory.py            # fit on $SWEEP_REFDATA and write the module
+    python scripts/fit_memory.py --check    # fit and compare with the committed values
+
+Reads the playbook's results table (playbook_bench_full_1B_8B.csv) and the LLM Foundry MPT
+benchmarks from the reference data (`sweep.refdata`), searches the grid of `sweep.fit.GRID` for
+the objective of `sweep.fit.OBJECTIVE`, cross-validates by model for the band of
+`sweep.memory_profiles.reserved_interval`, and writes the four constants and the band with their
+provenance: the data files' sha256, the grid, the objective, the figures at the chosen point and
+the date. tests/test_fit.py checks that this reproduces the committed module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sweep import fit  # noqa: E402
+from sweep.refdata import refdata_dir  # noqa: E402
+from sweep.spec import load_spec  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refdata", type=Path, default=refdata_dir())
+    parser.add_argument("--out", type=Path, default=REPO / fit.CONSTANTS_MODULE)
+    parser.add_argument("--check", action="store_true",
+                        help="compare with the committed constants; write nothing")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    ref = fit.fit_reference(args.refdata, load_spec(REPO / fit.SPEC_FILE))
+    a, figures = ref.fit.allocator, ref.fit.figures
+    print(f"fitted in {time.perf_counter() - start:.1f} s over {ref.fit.points} grid points "
+          f"({ref.fit.feasible_points} feasible): sequential={a.sequential} pipelined={a.pipelined} "
+          f"logits={a.logits} floor={a.floor_bytes / fit.MiB:g} MiB; band {ref.band}")
+    print(f"on the rows fitted: {figures}")
+    if args.check:
+        from sweep import fitted_constants as committed
+
+        same = (committed.FRAG_SEQUENTIAL, committed.FRAG_PIPELINED, committed.FRAG_LOGITS,
+                committed.RESERVED_FLOOR_BYTES, committed.RESERVED_BAND) == (
+                    a.sequential, a.pipelined, a.logits, a.floor_bytes, ref.band)
+        print("the committed constants are reproduced" if same
+              else "the committed constants differ: rerun without --check")
+        return 0 if same else 1
+    args.out.write_text(fit.render_constants(ref, dt.date.today().isoformat()), encoding="utf-8")
+    print(f"-> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The allocator fit: it reproduces the committed constants, its fast path is the real path, and
+leave-one-model-out measures the memory model on the model it was not fitted on.
+
+The reference files are read from $SWEEP_REFDATA (conftest's `refdata` fixture): without them the
+tests that need them skip. The figures asserted are the ones measured (see the README's fidelity
+table); the issue's targets, which leave-one-model-out does not meet yet, are a strict xfail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sweep import fit, fitted_constants, memcheck
+from sweep.cli import main
+from sweep.memory_profiles import (
+    FRAG_LOGITS,
+    FRAG_PIPELINED,
+    FRAG_SEQUENTIAL,
+    PROFILES,
+    RESERVED_BAND,
+    RESERVED_FLOOR_BYTES,
+    MiB,
+    reserved_interval,
+)
+from sweep.spec import Spec, load_spec
+
+
+@pytest.fixture(scope="module")
+def playbook(repo_root: Path) -> Spec:
+    return load_spec(repo_root / fit.SPEC_FILE)
+
+
+@pytest.fixture(scope="module")
+def reference(refdata: Path, playbook: Spec) -> tuple[fit.ReferenceFit, float]:
+    start = time.perf_counter()
+    ref = fit.fit_reference(refdata, playbook)
+    return ref, time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def full_runs(refdata: Path, playbook: Spec) -> memcheck.Runs:
+    return memcheck.read_runs(refdata / fit.RUNS_FILE, playbook)
+
+
+@pytest.fixture(scope="module")
+def cv(refdata: Path, playbook: Spec, full_runs: memcheck.Runs) -> fit.CrossValidation:
+    return fit.cross_validate(full_runs, playbook,
+                              must_fit=fit.llmfoundry_basis(refdata / fit.LLMFOUNDRY_FILE))
+
+
+# ------------------------------------------------------------------ reproducible fit
+
+def test_the_data_is_the_data_the_constants_were_fitted_on(refdata: Path) -> None:
+    for name, digest in fitted_constants.PROVENANCE["data"].items():
+        assert fit.sha256(refdata / name) == digest, (
+            f"{name} is not the file the committed constants were fitted on: "
+            "rerun scripts/fit_memory.py if the reference data changed on purpose")
+
+
+def test_rerunning_the_fit_reproduces_the_committed_constants(
+        reference: tuple[fit.ReferenceFit, float]) -> None:
+    ref, seconds = reference
+    a = ref.fit.allocator
+    assert (a.sequential, a.pipelined, a.logits, a.floor_bytes) == (
+        fitted_constants.FRAG_SEQUENTIAL, fitted_constants.FRAG_PIPELINED,
+        fitted_constants.FRAG_LOGITS, fitted_constants.RESERVED_FLOOR_BYTES)
+    assert ref.band == fitted_constants.RESERVED_BAND
+    committed = {k: v for k, v in fitted_constants.PROVENANCE.items() if k != "date"}
+    assert json.loads(json.dumps(ref.provenance)) == json.loads(json.dumps(committed))
+    assert seconds < 60, seconds
+
+
+def test_every_profile_uses_the_fitted_constants() -> None:
+    assert (FRAG_SEQUENTIAL, FRAG_PIPELINED, FRAG_LOGITS, RESERVED_FLOOR_BYTES) == (
+        fitted_constants.FRAG_SEQUENTIAL, fitted_constants.FRAG_PIPELINED,
+        fitted_constants.FRAG_LOGITS, fitted_constants.RESERVED_FLOOR_BYTES)
+    for profile in PROFILES.values():
+        assert fit.Allocator.of(profile) == fit.Allocator(
+            FRAG_SEQUENTIAL, FRAG_PIPELINED, FRAG_LOGITS, RESERVED_FLOOR_BYTES), profile.name
+
+
+def test_the_rendered_module_holds_the_fitted_values(
+        reference: tuple[fit.ReferenceFit, float]) -> None:
+    ref, _ = reference
+    namespace: dict[str, object] = {}
+    exec(compile(fit.render_constants(ref, "2000-01-01"), "fitted_constants.py", "exec"), namespace)
+    a = ref.fit.allocator
+    assert (namespace["FRAG_SEQUENTIAL"], namespace["FRAG_PIPELINED"], namespace["FRAG_LOGITS"],
+            namespace["RESERVED_FLOOR_BYTES"], namespace["RESERVED_BAND"]) == (
+        a.sequential, a.pipelined, a.logits, a.floor_bytes, ref.band)
+    provenance = namespace["PROVENANCE"]
+    assert isinstance(provenance, dict)
+    assert provenance["objective"] == fit.OBJECTIVE and provenance["date"] == "2000-01-01"
+    assert provenance["grid"] == fit.GRID.describe()
+
+
+def test_the_chosen_point_meets_the_constraints_and_is_the_grid_minimum(
+        reference: tuple[fit.ReferenceFit, float], refdata: Path, playbook: Spec,
+        full_runs: memcheck.Runs) -> None:
+    ref, _ = reference
+    f = ref.fit.figures
+    assert f.success_kept_frac >= fit.MIN_SUCCESS_KEPT
+    assert f.oom_pruned_frac is not None and f.oom_pruned_frac >= fit.MIN_OOM_PRUNED
+    must_fit = fit.llmfoundry_basis(refdata / fit.LLMFOUNDRY_FILE)
+    assert fit.published_fit_frac(must_fit, ref.fit.allocator) == 1.0
+    # a neighbour on every axis that also meets the constraints has no smaller mean error
+    b = fit.basis(full_runs, playbook)
+    a = ref.fit.allocator
+    here = np.array([a.sequential, a.pipelined, a.logits, float(a.floor_bytes)])
+    steps = np.array([0.025, 0.05, 0.05, 64 * MiB])
+    for axis in range(4):
+        for sign in (-1, 1):
+            point = here.copy()
+            point[axis] += sign * steps[axis]
+            if point[axis] < 0:
+                continue
+            kept, oom, mean, _, _ = fit._evaluate(b, point[None])
+            feasible = kept[0] >= fit.MIN_SUCCESS_KEPT and oom is not None \
+                and oom[0] >= fit.MIN_OOM_PRUNED and fit._kept(must_fit, point[None]).all()
+            if feasible:
+                assert mean[0] >= f.reserved_mean_abs_rel_err, (axis, sign)
+
+
+@pytest.mark.parametrize("point", [(0.1, 0.4, 0.3, 192), (0.2, 0.15, 0.45, 320), (0.0, 0.8, 0.0, 0)])
+def test_the_fast_linear_path_is_the_memory_check_path(
+        point: tuple[float, float, float, int], playbook: Spec, full_runs: memcheck.Runs) -> None:
+    allocator = fit.Allocator(point[0], point[1], point[2], point[3] * MiB)
+    b = fit.basis(full_runs, playbook)
+    kept, oom, _, median, p90 = fit._evaluate(b, np.array(
+        [[allocator.sequential, allocator.pipelined, allocator.logits, allocator.floor_bytes]]))
+    real = memcheck.score(full_runs, playbook, allocator.apply(playbook.framework))
+    assert kept[0] == real.success_kept_frac
+    assert oom is not None and oom[0] == real.oom_pruned_frac
+    assert median[0] == pytest.approx(real.reserved_median_abs_rel_err, abs=1e-9)
+    assert p90[0] == pytest.approx(real.reserved_p90_abs_rel_err, abs=1e-9)
+
+
+# ------------------------------------------------------------------ leave one model out
+
+def test_each_model_is_scored_by_constants_fitted_without_it(cv: fit.CrossValidation) -> None:
+    assert [fold.held_out for fold in cv.folds] == ["playbook-1b", "playbook-8b"]
+    for fold in cv.folds:
+        assert fold.held_out not in fold.trained_on and len(fold.trained_on) == 1
+    assert cv.cross_validated.n_success == sum(f.cross_validated.n_success for f in cv.folds) == 1027
+    assert cv.cross_validated.n_oom == sum(f.cross_validated.n_oom or 0 for f in cv.folds) == 372
+    assert len(cv.signed_errors) == 1027
+    assert cv.in_sample_allocator == fit.Allocator.of("nanotron")
+
+
+def test_cross_validated_figures_as_measured(cv: fit.CrossValidation) -> None:
+    """What leave-one-model-out measures on the playbook table (README fidelity table): a guard
+    against regressions, not a target (see the xfail below)."""
+    held = cv.cross_validated
+    assert held.success_kept_frac is not None and held.success_kept_frac >= 0.986
+    assert held.oom_pruned_frac is not None and held.oom_pruned_frac >= 0.91
+    assert held.reserved_median_abs_rel_err is not None and held.reserved_median_abs_rel_err <= 0.088
+    assert held.reserved_p90_abs_rel_err is not None and held.reserved_p90_abs_rel_err <= 0.24
+    assert held.best_kept is True
+    assert cv.in_sample.reserved_p90_abs_rel_err is not None
+    assert cv.in_sample.reserved_p90_abs_rel_err <= held.reserved_p90_abs_rel_err
+
+
+@pytest.mark.xfail(strict=True, reason="issue 17's targets are not met leave-one-model-out: "
+                                       "kept 0.986, OOM pruned 0.914, reserved median 0.087, p90 0.238")
+def test_the_issue_targets_hold_on_the_model_left_out(cv: fit.CrossValidation) -> None:
+    held = cv.cross_validated
+    for name, (op, bound) in fit.TARGETS.items():
+        assert fit.meets(getattr(held, name), op, bound), (name, getattr(held, name), op, bound)
+
+
+def test_the_band_covers_ninety_percent_of_held_out_runs(cv: fit.CrossValidation,
+                                                         full_runs: memcheck.Runs) -> None:
+    lo, hi = cv.band()
+    assert (lo, hi) == pytest.approx(RESERVED_BAND, abs=1e-6)
+    measured = np.ones_like(cv.signed_errors)
+    low, high = reserved_interval(1.0 + cv.signed_errors, (lo, hi))
+    inside = ((low <= measured * (1 + 1e-12)) & (measured <= high * (1 + 1e-12))).mean()
+    assert 0.89 <= inside <= 0.91, inside
+
+
+def test_leave_one_model_out_needs_two_models(playbook: Spec, full_runs: memcheck.Runs) -> None:
+    with pytest.raises(ValueError, match="two models or more"):
+        fit.cross_validate(fit.subset(full_runs, ["playbook-8b"]), playbook)
+
+
+def test_cli_cv_prints_in_sample_beside_cross_validated(
+        refdata: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = str(repo_root / fit.SPEC_FILE)
+    assert main(["memory-check", str(refdata / fit.RUNS_FILE), "--spec", spec, "--cv", "model",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cv"] == "model" and data["objective"] == fit.OBJECTIVE
+    assert tuple(data["cross_validated"]) == tuple(data["in_sample"]) == memcheck.FIELDS
+    assert [fold["held_out"] for fold in data["folds"]] == ["playbook-1b", "playbook-8b"]
+    assert set(data["targets"]) == set(fit.TARGETS)
+    published = data["published_fit_frac"]
+    assert set(published) == set(fit.PUBLISHED)
+    for fracs in published.values():
+        assert list(fracs) == ["in-sample", "without playbook-1b", "without playbook-8b",
+                               "this table alone"]
+        assert fracs["in-sample"] == fracs["without playbook-1b"] == fracs["without playbook-8b"] == 1.0
+
+
+def test_cli_cv_text_and_a_file_with_one_model(
+        refdata: Path, repo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import pandas as pd
+
+    spec = str(repo_root / fit.SPEC_FILE)
+    assert main(["memory-check", str(refdata / "playbook_runs_1B_8B.csv"), "--spec", spec,
+                 "--cv", "model"]) == 0
+    printed = capsys.readouterr().out
+    assert "in-sample" in printed and "cross-validated" in printed
+    assert "playbook-1b left out (fitted on playbook-8b" in printed
+    raw = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
+    one = tmp_path / "one.csv"
+    raw[raw["model_label"] == "8B"].to_csv(one, index=False)
+    assert main(["memory-check", str(one), "--spec", spec, "--cv", "model"]) == 2
+    assert "two models or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, rows", [(fit.LLMFOUNDRY_FILE, 138), (fit.MEGATRON_CORE_FILE, 9),
+                                        (fit.NARAYANAN_FILE, 10)])
+def test_published_configurations_fit_under_every_fold(
+        name: str, rows: int, refdata: Path, cv: fit.CrossValidation) -> None:
+    """They ran, so they fit: under the committed constants and under each fold's. The Megatron
+    tables are never fitted on; llm-foundry is the fit's constraint (tests/test_memory.py checks
+    the same rows through `sweep.memory.estimate`)."""
+    b = fit.published_bases(refdata)[name]
+    assert len(b.model) == rows
+    assert fit.published_fit_frac(b, cv.in_sample_allocator) == 1.0
+    for fold in cv.folds:
+        assert fit.published_fit_frac(b, fold.allocator) == 1.0, fold.held_out
+
+
+# ------------------------------------------------------------------ the interval (no reference data)
+
+def test_the_interval_holds_the_point_and_widens_with_the_band() -> None:
+    predicted = np.array([10.0, 20.0, 40.0]) * (1 << 30)
+    low, high = reserved_interval(predicted, (-0.2, 0.1))
+    assert np.all(low < predicted) and np.all(predicted < high)
+    assert np.allclose(low, predicted / 1.1) and np.allclose(high, predicted / 0.8)
+    wide_low, wide_high = reserved_interval(predicted, (-0.3, 0.2))
+    assert np.all(wide_low < low) and np.all(wide_high > high)
+    fixed_low, fixed_high = reserved_interval(predicted, (-0.2, 0.1), fixed_bytes=512 * MiB)
+    assert np.allclose(fixed_low - low, 512 * MiB) and np.allclose(fixed_high - high, 512 * MiB)
+
+
+@pytest.mark.parametrize("band", [(0.1, -0.1), (-1.0, 0.1), (-1.5, 0.0)])
+def test_an_impossible_band_is_rejected(band: tuple[float, float]) -> None:
+    with pytest.raises(ValueError, match="band must satisfy"):
+        reserved_interval(1.0, band)
+
+
+def test_the_committed_band_is_the_one_the_profiles_use() -> None:
+    assert RESERVED_BAND == fitted_constants.RESERVED_BAND
+    lo, hi = RESERVED_BAND
+    assert -1.0 < lo < 0.0 < hi
