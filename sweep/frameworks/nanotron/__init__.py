@@ -22,9 +22,17 @@ from sweep.model import ModelShape
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """nanotron places the token embedding, the L decoder layers, the final norm, the LM head,
-    the fp32 cast and the loss as L + 5 pipeline blocks, greedily by compute cost; a rank left
-    without a block crashes. sweep.memory.stage_block_counts replays that assignment (one
-    definition, shared with the memory model's per-stage layer count)."""
+    the fp32 cast and the loss as L + 5 pipeline blocks, greedily by compute cost
+    (src/nanotron/trainer.py, `_init_model`: each block goes to the current rank, which moves on
+    once `cumulative_cost > thresholds[target_pp_rank_idx]`), so a rank may get no block at all.
+    sweep.memory.stage_block_counts replays that assignment (one definition, shared with the
+    memory model's per-stage layer count).
+
+    Nothing in that loop stops a rank without a block, so this rule is evidence, not a proof: of
+    the playbook's 124 runs with an empty stage (1B at pp >= 16, 8B at pp >= 64;
+    playbook_bench_full_1B_8B.csv), 117 failed without an OOM, 6 ran out of memory and one (1B,
+    tp 8, pp 16, mbs 1) completed. Such a layout is pruned as one that does not run
+    (tests/frameworks/nanotron/test_pipeline.py)."""
     return min(stage_block_counts(model, stages, "nanotron")) > 0
 
 
