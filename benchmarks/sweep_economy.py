@@ -1,15 +1,18 @@
-"""Sweep economy on the published playbook sweep (issue 8's targets).
+"""Sweep economy and throughput-model fidelity on the published playbook sweep, in sample and
+leave-one-model-out (issue 17's targets).
 
-1. Replay: each strategy against `playbook_runs_1B_8B.csv` (and nanotron's results table, which
-   tells OOM apart): runs launched and GPU-hours against the whole published sweep, cells whose
-   best tokens/s/GPU was found within 2 %, worst regret. Target: adaptive ≤ 40 % of the runs with
-   every cell found. Also replayed per model alone (the other model's runs unseen), and starting
-   from coefficients calibrated on the other model only.
-2. Throughput model: median |error| of predicted tokens/s/GPU over completed runs, in sample and
-   held out (fit on 1B → score 8B, and the reverse), overall and by node count. Target ≤ 15 %.
+1. Replay: each strategy with its default settings against `playbook_runs_1B_8B.csv` and
+   nanotron's results table (which tells OOM apart): runs launched and GPU-hours against the
+   whole published sweep, cells whose best tokens/s/GPU was found within 2 %, worst regret, the
+   skips that were proofs and heuristics and how many of each the table shows completed, and the
+   launches adaptive's floor forced against those its model chose.
+2. Leave-one-model-out (`sweep replay --cv model`): per model, the throughput model fitted and
+   the adaptive settings chosen on the other model only, then that model replayed; throughput
+   error (median, p90 of |pred − meas| / meas over completed runs, nanotron's pre-fix pipeline
+   runs left out) and economy, beside the in-sample figures. Targets: median ≤ 10 %, p90 ≤ 40 %;
+   ≤ 35 % of the runs launched with every cell within 2 %.
 
-The held-out 3B and 80B runs named by the issue are not in the reference data (SWEEP_REFDATA), so they are not
-checked here. The last line holds the headline figures as key=value pairs.
+The last line holds the headline figures as key=value pairs.
 
     python benchmarks/sweep_economy.py
 """
@@ -19,87 +22,82 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from sweep.calibrate import fit, relative_errors, workloads_for
+from sweep.calibrate import workloads_for
+from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import Params, replay_table, score, search
 from sweep.refdata import refdata_dir
 from sweep.spec import load_spec
-from sweep.throughput import Coefficients
 
 REPO = Path(__file__).resolve().parents[1]
 REFDATA = refdata_dir()
 LABELS = {"1B": "playbook-1b", "8B": "playbook-8b"}
-
-
-def replay_row(name: str, replay, candidates, outcomes, strategy: str, workloads,
-               prior: Coefficients = Coefficients(), runs: int | None = None,
-               hours: float | None = None) -> dict[str, float]:
-    start = time.perf_counter()
-    result = search(candidates, outcomes, strategy, workloads, prior, Params())
-    head, _ = score(result, outcomes, candidates, runs or replay.published_runs,
-                    hours or replay.published_gpu_hours)
-    print(f"{name:<46}{strategy:<11}{head['runs_launched_frac']:>7.1%}"
-          f"{head['gpu_hours_frac']:>8.1%}{head['cells_within_2pct']:>5.0f}/"
-          f"{head['cells_total']:<3.0f}{head['max_regret']:>8.1%}"
-          f"{head['pruned_but_completed']:>6.0f}{time.perf_counter() - start:>7.1f}s")
-    return head
+TABLES = ("playbook_runs_1B_8B.csv", "playbook_bench_full_1B_8B.csv")
 
 
 def main() -> None:
     spec = load_spec(REPO / "examples" / "playbook.yaml")
     workloads = workloads_for(spec)
-    print(f"{'replay':<46}{'strategy':<11}{'runs':>7}{'GPU-h':>8}{'cells':>9}{'regret':>8}"
-          f"{'badskip':>6}{'time':>8}")
+    names = {**LABELS, **{m: m for m in workloads}}
+    print(f"{'replay':<32}{'strategy':<11}{'runs':>7}{'GPU-h':>8}{'cells':>8}{'regret':>8}"
+          f"{'proofs':>8}{'wrong':>6}{'heur.':>6}{'wrong':>6}{'floor':>6}{'model':>6}{'time':>7}")
     heads: dict[str, dict[str, float]] = {}
-    for file in ("playbook_runs_1B_8B.csv", "playbook_bench_full_1B_8B.csv"):
+    for file in TABLES:
         replay = replay_table(pd.read_csv(REFDATA / file), file, LABELS, workloads,
                               spec.run.steps, 60.0)
         for strategy in ("exhaustive", "pruned", "adaptive"):
-            heads[f"{file}:{strategy}"] = replay_row(file, replay, replay.candidates,
-                                                     replay.outcomes, strategy, workloads)
-    replay = replay_table(pd.read_csv(REFDATA / "playbook_runs_1B_8B.csv"), "runs", LABELS,
-                          workloads, spec.run.steps, 60.0)
-    ok = replay.outcomes.status == "completed"
-    for model, other in (("playbook-1b", "playbook-8b"), ("playbook-8b", "playbook-1b")):
-        own = replay.candidates.model == model
-        theirs = replay.candidates[(replay.candidates.model == other) & ok]
-        theirs = theirs.assign(tokens_per_s_per_gpu=replay.outcomes.tokens_per_s_per_gpu)
-        calibrated = fit([(theirs, workloads[other])]).coefficients
-        sub_c, sub_o = replay.candidates[own], replay.outcomes[own]
-        for label, prior in (("prior", Coefficients()), (f"calibrated on {other}", calibrated)):
-            heads[f"{model}:{label}"] = replay_row(
-                f"{model} alone, {label}", replay, sub_c, sub_o, "adaptive", workloads, prior,
-                len(sub_c), float(sub_o.gpu_hours.sum()))
+            start = time.perf_counter()
+            result = search(replay.candidates, replay.outcomes, strategy, workloads,
+                            params=Params())
+            h, _ = score(result, replay.outcomes, replay.candidates, replay.published_runs,
+                         replay.published_gpu_hours)
+            heads[f"{file}:{strategy}"] = h
+            print(f"{file:<32}{strategy:<11}{h['runs_launched_frac']:>7.1%}"
+                  f"{h['gpu_hours_frac']:>8.1%}{h['cells_within_2pct']:>4.0f}/"
+                  f"{h['cells_total']:<3.0f}{h['max_regret']:>8.1%}{h['pruned_skipped']:>8.0f}"
+                  f"{h['pruned_but_completed']:>6.0f}{h['heuristic_skipped']:>6.0f}"
+                  f"{h['heuristic_but_completed']:>6.0f}{h['launches_forced_by_floor']:>6.0f}"
+                  f"{h['launches_chosen_by_model']:>6.0f}{time.perf_counter() - start:>6.1f}s")
 
-    print("\nthroughput model: median |error| of tokens/s/GPU over completed runs")
-    groups = {}
-    for label, model in LABELS.items():
-        runs = pd.read_csv(REFDATA / "playbook_runs_1B_8B.csv")
-        runs = runs[(runs.model_label == label) & (runs.status == "success")
-                    & (runs.tokens_per_sec_per_gpu > 0)]
-        groups[model] = runs.rename(columns={"tokens_per_sec_per_gpu": "tokens_per_s_per_gpu"})
-    both = fit([(g, workloads[m]) for m, g in groups.items()])
-    print(f"  in sample (1B+8B, {both.rows} runs): {both.median_abs_error:.1%}  coefficients: "
-          + ", ".join(f"{k}={v:.3g}" for k, v in both.coefficients.to_dict().items()))
-    held: list[float] = []
-    for train, test in (("playbook-1b", "playbook-8b"), ("playbook-8b", "playbook-1b")):
-        coeffs = fit([(groups[train], workloads[train])]).coefficients
-        err = np.abs(relative_errors(groups[test], workloads[test], coeffs))
-        by_nodes = pd.Series(err).groupby(groups[test].nodes.to_numpy()).median()
-        held.append(float(np.median(err)))
-        print(f"  held out {train} → {test}: {np.median(err):.1%}; by nodes: "
-              + " ".join(f"{n}:{v:.0%}" for n, v in by_nodes.items()))
+    print("\nleave-one-model-out: throughput error and adaptive economy per model")
+    print(f"{'table':<32}{'model':<13}{'fit':<11}{'runs':>5}{'median':>8}{'p90':>8}"
+          f"{'launched':>9}{'cells':>7}{'regret':>8}{'floor':>6}{'model':>6}{'settings':>10}")
+    pooled: dict[str, dict[str, float]] = {}
+    for file in TABLES:
+        table = pd.read_csv(REFDATA / file)
+        replay = replay_table(table, file, LABELS, workloads, spec.run.steps, 60.0)
+        rows = completed_rows(table, file, workloads, names)
+        start = time.perf_counter()
+        folds = leave_one_model_out(replay, rows, workloads)
+        for f in folds:
+            e, t = f.economy, f.throughput
+            print(f"{file:<32}{f.model:<13}{f.mode:<11}{t['runs']:>5.0f}"
+                  f"{t['median_abs_error']:>8.1%}{t['p90_abs_error']:>8.1%}"
+                  f"{e['runs_launched_frac']:>9.1%}{e['cells_within_2pct']:>3.0f}/"
+                  f"{e['cells_total']:<3.0f}{e['max_regret']:>8.1%}"
+                  f"{e['launches_forced_by_floor']:>6.0f}{e['launches_chosen_by_model']:>6.0f}"
+                  f"{f.params.min_cell_runs:>6}/{f.params.quantile:<3}")
+        pooled[file] = summary(folds)
+        print("  pooled: " + " ".join(f"{k}={v:.4g}" for k, v in pooled[file].items())
+              + f" ({time.perf_counter() - start:.0f} s)")
+
     a = heads["playbook_runs_1B_8B.csv:adaptive"]
+    charts, full = pooled["playbook_runs_1B_8B.csv"], pooled["playbook_bench_full_1B_8B.csv"]
     print(f"adaptive_runs_frac={a['runs_launched_frac']:.4f} "
-          f"adaptive_gpu_hours_frac={a['gpu_hours_frac']:.4f} "
           f"adaptive_cells_within_2pct={a['cells_within_2pct']:.0f} "
-          f"cells_total={a['cells_total']:.0f} adaptive_max_regret={a['max_regret']:.4f} "
-          f"pruned_runs_frac_oom_labelled="
-          f"{heads['playbook_bench_full_1B_8B.csv:pruned']['runs_launched_frac']:.4f} "
-          f"model_median_err_in_sample={both.median_abs_error:.4f} "
-          f"model_median_err_held_out={max(held):.4f}")
+          f"adaptive_forced_by_floor={a['launches_forced_by_floor']:.0f} "
+          f"proof_skips_completed_full="
+          f"{heads['playbook_bench_full_1B_8B.csv:pruned']['pruned_but_completed']:.0f} "
+          f"cv_full_tput_median={full['held_out_tput_median']:.4f} "
+          f"cv_full_tput_p90={full['held_out_tput_p90']:.4f} "
+          f"cv_charts_tput_median={charts['held_out_tput_median']:.4f} "
+          f"cv_charts_tput_p90={charts['held_out_tput_p90']:.4f} "
+          f"cv_charts_runs_frac={charts['held_out_runs_launched_frac']:.4f} "
+          f"cv_charts_cells_within_2pct={charts['held_out_cells_within_2pct']:.0f} "
+          f"cv_full_runs_frac={full['held_out_runs_launched_frac']:.4f} "
+          f"cv_full_cells_within_2pct={full['held_out_cells_within_2pct']:.0f} "
+          f"cells_total={full['held_out_cells_total']:.0f}")
 
 
 if __name__ == "__main__":

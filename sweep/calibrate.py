@@ -110,6 +110,24 @@ def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s
     return best
 
 
+def stale_pipeline_runs(table: pd.DataFrame) -> pd.Series:
+    """Rows of nanotron's results table that it flags as pipeline runs made before a fix to its
+    1F1B engine (`after_pp_fix = False`): they ran 2-10x slower than the same layouts after it
+    (median 3x), a bug, not a cost of the layout. Other tables carry no flag: nothing is stale."""
+    if {"after_pp_fix", "pp"} <= set(table):
+        return (table.pp > 1) & ~table.after_pp_fix.astype(bool)
+    return pd.Series(False, index=table.index)
+
+
+def error_summary(errors: np.ndarray) -> dict[str, float]:
+    """Median and 90th percentile of |predicted / measured − 1|, and the count."""
+    errors = np.abs(np.asarray(errors, dtype=float))
+    if not len(errors):
+        return {"runs": 0.0, "median_abs_error": float("nan"), "p90_abs_error": float("nan")}
+    return {"runs": float(len(errors)), "median_abs_error": float(np.median(errors)),
+            "p90_abs_error": float(np.quantile(errors, 0.9))}
+
+
 def relative_errors(frame: pd.DataFrame, work: Workload, coeffs: Coefficients,
                     column: str = "tokens_per_s_per_gpu") -> np.ndarray:
     """predicted / measured − 1 of tokens/s/GPU, per row."""
@@ -163,5 +181,5 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
-__all__ = ["predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["stale_pipeline_runs", "error_summary", "predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

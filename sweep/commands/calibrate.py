@@ -4,12 +4,10 @@ RUNS is runs.parquet (written by `sweep collect` or `sweep import-playbook`) or 
 (the playbook's runs table or nanotron's results table). The coefficients go to FILE, by default
 results/<spec name>/throughput.json, beside the sweep's plan; `sweep replay --coefficients` and
 the planner read them back. With more than one model, each model is also scored by a fit to the
-others only (held out), so the printed error is not just the fit's own. Given nanotron's results
-table, the pipeline runs it flags as made before nanotron's 1F1B fix (`after_pp_fix = False`;
-2-10x slower than the same layouts after it) are left out and counted: on the playbook's 1B/8B
-table that takes the median error from 23.2 % (charts table, all 1,013 runs) to 12.9 % (761 runs;
-held out per model 19.3 % for 1B, 20.0 % for 8B). (Before the throughput model charged pipeline
-runs their per-layer TP cost, `pipe_tp_sync`: 25.2 % and 17.6 %, held out 19.7 % and 24.1 %.)
+others only (held out), so the printed error is not just the fit's own; both go into FILE with
+the table's sha256 and how the fit was made (`provenance`). Given nanotron's results table, the
+pipeline runs it flags as made before nanotron's 1F1B fix (`after_pp_fix = False`; 2-10x slower
+than the same layouts after it) are left out and counted. The figures are in the README.
 """
 
 from __future__ import annotations
@@ -18,10 +16,17 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from sweep.calibrate import Fit, fit, model_names_for, relative_errors, workloads_for
+from sweep.calibrate import (
+    Fit,
+    error_summary,
+    fit,
+    model_names_for,
+    relative_errors,
+    stale_pipeline_runs,
+    workloads_for,
+)
 from sweep.cli import UserError
 from sweep.economy import normalise_runs
 from sweep.spec import Spec, load_spec
@@ -57,15 +62,11 @@ def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Wo
     """(model name, completed runs, workload) per spec model that has runs in the table."""
     workloads = workloads_for(spec)
     table = read_runs(path)
-    if {"after_pp_fix", "pp"} <= set(table):
-        # nanotron's results table flags the pipeline runs made before a fix to its 1F1B engine:
-        # they ran 2-10x slower than the same layouts after it (median 3x), a bug, not a cost
-        # of the layout. The charts table does not carry the flag, so there they stay in.
-        stale = (table.pp > 1) & ~table.after_pp_fix.astype(bool)
-        if stale.any():
-            print(f"left out {int(stale.sum())} pipeline runs made before nanotron's pipeline "
-                  f"fix (after_pp_fix = False)")
-        table = table[~stale]
+    stale = stale_pipeline_runs(table)  # the charts table has no flag: there they stay in
+    if stale.any():
+        print(f"left out {int(stale.sum())} pipeline runs made before nanotron's pipeline "
+              f"fix (after_pp_fix = False)")
+    table = table[~stale]
     try:
         rows = normalise_runs(table, str(path), workloads)
     except ValueError as error:
@@ -80,10 +81,39 @@ def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Wo
     return [(name, group, workloads[name]) for name, group in rows.groupby("model")]
 
 
-def coefficients_payload(result: Fit, source: Path, spec: Spec) -> dict:
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def coefficients_payload(result: Fit, source: Path, spec: Spec,
+                         held_out: dict[str, dict[str, float]] | None = None) -> dict:
+    """The coefficients and where they came from: the table (path and sha256), the rows fitted,
+    how (loss, grid, iterations), the in-sample error and each model's held-out error, so a file
+    found later says what it is worth and how to make it again."""
+    from sweep import __version__
+    from sweep.calibrate import INTER_SCALING_GRID
+
     return {"coefficients": result.coefficients.to_dict(), "rows": result.rows,
             "median_abs_error": result.median_abs_error, "p90_abs_error": result.p90_abs_error,
-            "source": str(source), "spec": spec.name, "spec_hash": spec.spec_hash()}
+            "source": str(source), "spec": spec.name, "spec_hash": spec.spec_hash(),
+            "provenance": {
+                "command": f"sweep calibrate {source} --spec <{spec.name}>",
+                "function": "sweep.calibrate.fit",
+                "source_sha256": file_sha256(source),
+                "left_out": "nanotron's pre-fix pipeline runs (after_pp_fix = False)",
+                "objective": "mean pseudo-Huber loss (delta 0.05) of log(predicted / measured) "
+                             "step time, ridge 1e-4 towards the physical prior; inter_scaling "
+                             "from a grid by the median error",
+                "inter_scaling_grid": list(INTER_SCALING_GRID),
+                "llm_sweep_version": __version__,
+                "held_out": held_out or {},
+            }}
 
 
 def load_coefficients(path: Path) -> Coefficients:
@@ -105,19 +135,21 @@ def run(args: argparse.Namespace) -> int:
         result = fit([(frame, work) for _, frame, work in groups])
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}") from None
-    out = args.out if args.out is not None else Path("results") / spec.name / COEFFICIENTS_FILE
-    out.parent.mkdir(parents=True, exist_ok=True)
-    payload = coefficients_payload(result, args.runs, spec)
-    atomic_write_text(out, json.dumps(payload, indent=2, sort_keys=True) + "\n")
     for name, value in result.coefficients.to_dict().items():
         print(f"{name:>18} = {value:.6g}")
     print(f"fitted on {result.rows} completed runs: median |error| of tokens/s/GPU "
           f"{result.median_abs_error:.1%}, 90th percentile {result.p90_abs_error:.1%}")
+    held_out: dict[str, dict[str, float]] = {}
     for name, frame, work in groups if len(groups) > 1 else []:
         others = [(f, w) for n, f, w in groups if n != name]
         held = fit(others).coefficients
-        errors = np.abs(relative_errors(frame, work, held))
+        held_out[name] = error_summary(relative_errors(frame, work, held))
         print(f"held out {name}: fitted on the other models, median |error| "
-              f"{np.median(errors):.1%} over {len(frame)} runs")
+              f"{held_out[name]['median_abs_error']:.1%}, 90th percentile "
+              f"{held_out[name]['p90_abs_error']:.1%} over {len(frame)} runs")
+    out = args.out if args.out is not None else Path("results") / spec.name / COEFFICIENTS_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = coefficients_payload(result, args.runs, spec, held_out)
+    atomic_write_text(out, json.dumps(payload, indent=2, sort_keys=True) + "\n")
     print(f"→ {out}")
     return 0

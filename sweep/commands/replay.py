@@ -5,7 +5,15 @@ The published outcomes are the oracle: the strategy asks for runs and gets the p
 answers with its first outcome). It reports the runs and GPU-hours spent against the whole
 published sweep, and per (model, nodes) cell whether the best tokens/s/GPU was found within 2 %.
 A run's GPU-hours are its GPUs × (startup + steps × its step time); a failed run costs startup
-plus one step.
+plus one step. Skips are counted as proofs (`pruned:`, an OOM rules them out) or heuristics
+(`heuristic:`), with how many of each the published sweep shows completed; adaptive replays
+also count the launches its floor forced and the ones its model chose.
+
+With `--cv model`, leave-one-model-out (`sweep.cross_validation`): for each model in turn, the
+throughput model is fitted and the adaptive settings are chosen on the other models only, and
+the model is replayed from them; its prediction error (median and p90 of |pred − meas| / meas
+over completed runs; nanotron's pre-fix pipeline runs left out) and its economy are printed
+beside the in-sample ones.
 """
 
 from __future__ import annotations
@@ -16,12 +24,15 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
+
 from sweep.calibrate import model_names_for, workloads_for
 from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, read_runs
-from sweep.economy import STRATEGIES, Params, normalise_runs, replay_table, score, search
+from sweep.cross_validation import completed_rows, leave_one_model_out, summary
+from sweep.economy import STRATEGIES, Params, Replay, normalise_runs, replay_table, score, search
 from sweep.spec import load_spec
-from sweep.throughput import Coefficients
+from sweep.throughput import Coefficients, Workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-s", type=float, default=60.0,
                         help="seconds a run spends before its first step (default: 60)")
     parser.add_argument("--failed-is-oom", action="store_true",
-                        help="treat unclassified failures as OOMs in the skipping rules")
+                        help="heuristic: treat unclassified failures as OOMs in the skipping rules")
+    parser.add_argument("--heuristic-skips", action="store_true",
+                        help="heuristic: also skip layouts the memory proxy says need more "
+                             "memory than an OOMed one (counted apart from the proofs)")
+    parser.add_argument("--cv", choices=("model",), default=None,
+                        help="leave-one-model-out: fit and choose the adaptive settings on the "
+                             "other models, replay each model, report it beside in-sample")
     defaults = Params()
     parser.add_argument("--k", type=int, default=defaults.k,
                         help=f"adaptive: runs per open cell per round (default {defaults.k})")
@@ -63,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
                               args.steps or spec.run.steps, args.startup_s)
     except ValueError as error:
         raise UserError(str(error)) from None
-    prior = load_coefficients(args.coefficients) if args.coefficients else Coefficients()
     params = Params(k=args.k, epsilon=args.epsilon, min_cell_runs=args.min_cell_runs,
-                    failed_is_oom=args.failed_is_oom)
+                    failed_is_oom=args.failed_is_oom, heuristic_skips=args.heuristic_skips)
+    if args.cv:
+        if args.coefficients:
+            raise UserError("--cv model fits its own coefficients; leave out --coefficients")
+        return cross_validate(args, table, replay, workloads, model_names_for(spec, labels),
+                              params)
+    prior = load_coefficients(args.coefficients) if args.coefficients else Coefficients()
     result = search(replay.candidates, replay.outcomes, args.strategy, workloads, prior, params)
     headline, cells = score(result, replay.outcomes, replay.candidates, replay.published_runs,
                             replay.published_gpu_hours)
@@ -80,13 +102,48 @@ def run(args: argparse.Namespace) -> int:
             "coefficients": result.coefficients.to_dict() if result.coefficients else None,
         }, indent=2, default=float))
         return 0
-    print(f"{'cell':<22}{'candidates':>11}{'launched':>9}{'rounds':>7}{'best tok/s/GPU':>16}"
-          f"{'found':>10}{'regret':>8}  within 2 %")
+    # adaptive: launches the floor forced, and the regret bound at closing (1 − best / highest
+    # optimistic throughput left untried; 0 when the cell ran out of candidates).
+    print(f"{'cell':<22}{'candidates':>11}{'launched':>9}{'floor':>6}{'rounds':>7}"
+          f"{'best tok/s/GPU':>16}{'found':>10}{'regret':>8}{'bound':>8}  within 2 %")
     for cell, row in cells.iterrows():
         found = "-" if math.isnan(row.found) else f"{row.found:.0f}"
-        print(f"{cell:<22}{row.candidates:>11}{row.launched:>9}{row.rounds:>7.0f}"
-              f"{row.best:>16.0f}{found:>10}{row.regret:>8.1%}  {'yes' if row.within else 'NO'}")
+        bound = "-" if math.isnan(row.regret_bound_at_close) else f"{row.regret_bound_at_close:.1%}"
+        print(f"{cell:<22}{row.candidates:>11}{row.launched:>9}{row.forced_by_floor:>6}"
+              f"{row.rounds:>7.0f}{row.best:>16.0f}{found:>10}{row.regret:>8.1%}{bound:>8}  "
+              f"{'yes' if row.within else 'NO'}")
     for reason, count in reasons.items():
         print(f"skipped {count} candidates: {reason}")
     print(" ".join(f"{k}={v:.4g}" for k, v in headline.items()))
+    return 0
+
+
+def cross_validate(args: argparse.Namespace, table: pd.DataFrame, replay: Replay,
+                   workloads: dict[str, Workload], names: dict[str, str], params: Params) -> int:
+    """`--cv model`: the in-sample and held-out figures of every model, then the pooled ones."""
+    try:
+        rows = completed_rows(table, str(args.runs), workloads, names)
+        folds = leave_one_model_out(replay, rows, workloads, params)
+    except ValueError as error:
+        raise UserError(f"{args.runs}: {error}") from None
+    pooled = summary(folds)
+    if args.json:
+        print(json.dumps({
+            "source": str(args.runs), "cv": "model", **pooled,
+            "folds": [{"model": f.model, "mode": f.mode, "throughput": f.throughput,
+                       "economy": f.economy, "params": dataclasses.asdict(f.params),
+                       "cells": f.cells.reset_index(names="cell").to_dict(orient="records")}
+                      for f in folds],
+        }, indent=2, default=float))
+        return 0
+    print(f"{'model':<14}{'fit':<11}{'runs':>6}{'median':>8}{'p90':>8}{'launched':>10}"
+          f"{'cells':>8}{'regret':>8}{'floor/model':>13}{'floor':>7}{'q':>5}")
+    for f in folds:
+        e, t = f.economy, f.throughput
+        print(f"{f.model:<14}{f.mode:<11}{t['runs']:>6.0f}{t['median_abs_error']:>8.1%}"
+              f"{t['p90_abs_error']:>8.1%}{e['runs_launched_frac']:>10.1%}"
+              f"{e['cells_within_2pct']:>4.0f}/{e['cells_total']:<3.0f}{e['max_regret']:>8.1%}"
+              f"{e['launches_forced_by_floor']:>7.0f}/{e['launches_chosen_by_model']:<5.0f}"
+              f"{f.params.min_cell_runs:>7}{f.params.quantile:>5.2f}")
+    print(" ".join(f"{k}={v:.4g}" for k, v in pooled.items()))
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -92,6 +93,11 @@ def test_calibrate_writes_coefficients_that_replay_reads(small_runs: Path, spec:
     assert "held out playbook-1b" in printed and "held out playbook-8b" in printed
     stored = json.loads(out.read_text())
     assert stored["rows"] == int((pd.read_csv(small_runs).status == "success").sum())
+    provenance = stored["provenance"]
+    assert provenance["source_sha256"] == hashlib.sha256(small_runs.read_bytes()).hexdigest()
+    assert set(provenance["held_out"]) == {"playbook-1b", "playbook-8b"}
+    assert 0 < provenance["held_out"]["playbook-1b"]["median_abs_error"] <= provenance[
+        "held_out"]["playbook-1b"]["p90_abs_error"]
     assert stored["coefficients"]["compute"] > 1.0  # no GPU beats its dense peak
     assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive",
                  "--coefficients", str(out), "--json", "--min-cell-runs", "16"]) == 0
@@ -128,3 +134,37 @@ def test_runs_parquet_from_import_playbook_calibrates_and_replays(small_runs: Pa
     report = json.loads(capsys.readouterr().out)
     assert report["cells_total"] == report["cells_within_2pct"] == 4
     assert report["published_runs"] == len(pd.read_csv(small_runs))
+
+
+def test_cv_model_reports_held_out_beside_in_sample(small_runs: Path, spec: Path,
+                                                   capsys) -> None:
+    """Leave-one-model-out: each model replayed from a fit and settings of the other model."""
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--cv", "model", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    modes = [(f["model"], f["mode"]) for f in report["folds"]]
+    assert modes == [("playbook-1b", "in-sample"), ("playbook-8b", "in-sample"),
+                     ("playbook-1b", "held-out"), ("playbook-8b", "held-out")]
+    for fold in report["folds"]:
+        economy = fold["economy"]
+        assert economy["cells_total"] == 2 and economy["pruned_but_completed"] == 0
+        assert economy["launches_forced_by_floor"] + economy["launches_chosen_by_model"] == (
+            economy["runs_launched"])
+        assert 0 < fold["throughput"]["median_abs_error"] <= fold["throughput"]["p90_abs_error"]
+        assert all("regret_bound_at_close" in cell for cell in fold["cells"])
+    for key in ("held_out_tput_median", "held_out_tput_p90", "held_out_runs_launched_frac",
+                "held_out_cells_within_2pct", "in_sample_tput_median"):
+        assert key in report
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--cv", "model",
+                 "--coefficients", str(small_runs)]) == 2
+    assert "leave out --coefficients" in capsys.readouterr().err
+
+
+def test_text_report_counts_floor_launches_and_proof_skips(small_runs: Path, spec: Path,
+                                                           capsys) -> None:
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive"]) == 0
+    out = capsys.readouterr().out
+    assert "floor" in out.splitlines()[0] and "bound" in out.splitlines()[0]
+    last = dict(pair.split("=") for pair in out.strip().splitlines()[-1].split())
+    assert float(last["launches_forced_by_floor"]) + float(last["launches_chosen_by_model"]) == (
+        float(last["runs_launched"]))
+    assert float(last["pruned_but_completed"]) == float(last["heuristic_skipped"]) == 0

@@ -1,0 +1,108 @@
+"""Leave-one-model-out: the held-out figures come from fits and settings that never saw the model
+they are reported on, and the committed adaptive settings are reproduced by the choice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweep.calibrate import relative_errors
+from sweep.catalog import get_gpu, get_model
+from sweep.cross_validation import (
+    SETTINGS_GRID,
+    Settings,
+    choose_params,
+    completed_rows,
+    default_settings,
+    fit_on,
+    leave_one_model_out,
+    summary,
+)
+from sweep.economy import Params, replay_table
+from sweep.throughput import Coefficients, Workload
+
+H100 = get_gpu("h100-sxm")
+WORKLOADS = {name: Workload(get_model(name), 4096, H100) for name in ("playbook-1b", "playbook-8b")}
+LABELS = {"1B": "playbook-1b", "8B": "playbook-8b"}
+NAMES = {**LABELS, **{m: m for m in WORKLOADS}}
+SMALL_GRID = (Settings(3, 0.9), Settings(16, 0.9))
+
+
+@pytest.fixture(scope="module")
+def small(refdata):
+    """The charts table's 1-2 node runs: both models, four cells, quick to replay."""
+    runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
+    runs = runs[runs.nodes <= 2]
+    return runs, replay_table(runs, "small.csv", LABELS, WORKLOADS, 20, 60)
+
+
+def test_completed_rows_leave_out_nanotrons_pre_fix_pipeline_runs(refdata) -> None:
+    table = pd.read_csv(refdata / "playbook_bench_full_1B_8B.csv")
+    rows = completed_rows(table, "full.csv", WORKLOADS, NAMES)
+    assert sum(len(r) for r in rows.values()) == 761  # the README's calibration figure
+    stale = table[(table.pp > 1) & ~table.after_pp_fix.astype(bool) & (table.status == "Success")]
+    assert len(stale) > 0
+
+
+def test_held_out_figures_come_from_the_other_model_only(small) -> None:
+    runs, replay = small
+    rows = completed_rows(runs, "small.csv", WORKLOADS, NAMES)
+    folds = leave_one_model_out(replay, rows, WORKLOADS, grid=SMALL_GRID)
+    assert [(f.model, f.mode) for f in folds] == [
+        ("playbook-1b", "in-sample"), ("playbook-8b", "in-sample"),
+        ("playbook-1b", "held-out"), ("playbook-8b", "held-out")]
+    for fold in folds[2:]:
+        other = "playbook-8b" if fold.model == "playbook-1b" else "playbook-1b"
+        # Coefficients: fitted on the other model's runs alone.
+        coeffs = fit_on([other], rows, WORKLOADS)
+        errors = np.abs(relative_errors(rows[fold.model], WORKLOADS[fold.model], coeffs))
+        assert fold.throughput["median_abs_error"] == pytest.approx(np.median(errors))
+        assert fold.throughput["runs"] == len(rows[fold.model])
+        # Settings: chosen on the other model's replay alone, from the physical prior.
+        inner = choose_params({other: replay.only({other})}, WORKLOADS,
+                              {other: Coefficients()}, grid=SMALL_GRID)
+        assert fold.params == inner.params
+        # The economy is measured against the held-out model's own published runs.
+        assert fold.economy["cells_total"] == 2
+        published = replay.by_model[fold.model][0]
+        assert fold.economy["runs_launched_frac"] == pytest.approx(
+            fold.economy["runs_launched"] / published)
+        assert fold.economy["launches_forced_by_floor"] + fold.economy[
+            "launches_chosen_by_model"] == fold.economy["runs_launched"]
+    pooled = summary(folds)
+    assert pooled["held_out_cells_total"] == pooled["in_sample_cells_total"] == 4
+    assert 0 < pooled["held_out_tput_median"] <= pooled["held_out_tput_p90"]
+
+
+def test_the_choice_prefers_finding_every_cell_then_fewer_runs(small) -> None:
+    _, replay = small
+    alone = {m: replay.only({m}) for m in WORKLOADS}
+    choice = choose_params(alone, WORKLOADS, dict.fromkeys(WORKLOADS, Coefficients()),
+                           grid=SMALL_GRID)
+    trials = choice.trials
+    best = trials.loc[choice.entry]
+    complete = trials[trials.cells_within_2pct == trials.cells_total]
+    if len(complete):
+        assert best.cells_within_2pct == best.cells_total
+        assert best.runs_launched_frac == complete.runs_launched_frac.min()
+    else:
+        assert best.cells_within_2pct == trials.cells_within_2pct.max()
+    assert choice.params.min_cell_runs == SMALL_GRID[choice.entry].min_cell_runs
+
+
+def test_leave_one_model_out_needs_two_models(small) -> None:
+    runs, replay = small
+    rows = completed_rows(runs, "small.csv", WORKLOADS, NAMES)
+    with pytest.raises(ValueError, match="at least two models"):
+        leave_one_model_out(replay.only({"playbook-1b"}), rows, WORKLOADS, grid=SMALL_GRID)
+
+
+@pytest.mark.slow
+def test_the_committed_adaptive_settings_are_the_choice_on_the_charts_table(refdata) -> None:
+    """Params' floor and band are not tuned by hand: the choice reproduces them."""
+    runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
+    replay = replay_table(runs, "playbook_runs_1B_8B.csv", LABELS, WORKLOADS, 20, 60)
+    chosen = default_settings(replay, WORKLOADS)
+    assert (chosen.min_cell_runs, chosen.quantile) == (Params().min_cell_runs, Params().quantile)
+    assert Settings(Params().min_cell_runs, Params().quantile) in SETTINGS_GRID
