@@ -140,12 +140,12 @@ def write_spec(tmp_path: Path, name: str, limit: str = "00:10:00", signal: int =
     return path
 
 
-def submit_detached(spec: Path, out: Path, *extra: str) -> float:
+def submit_detached(spec: Path, out: Path, *extra: str, strategy: str = "pruned") -> float:
     """`sweep submit --detach` as a user's shell runs it, in its own session (a login shell
     that then logs out); returns its wall time. Nothing of it may outlive it."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "sweep.cli", "submit", str(spec), "--out",
-                             str(out), "--strategy", "pruned", "--detach", "--poll-s", "1",
+                             str(out), "--strategy", strategy, "--detach", "--poll-s", "1",
                              "--no-preflight", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -246,6 +246,21 @@ def kill_driver(job: str, how: str) -> None:
         subprocess.run(["scancel", job], check=True)
     else:
         driver_process(job).kill()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_detached_adaptive_search_runs_the_same_loop_and_reports(
+        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path) -> None:
+    """adaptive through the same driver. On this one tiny cell it closes after its first round
+    (4 candidates, up to 4 a round); the multi-round path is the pruned tests' above."""
+    out = tmp_path / "sweep"
+    submit_detached(write_spec(tmp_path, sweep_name), out, strategy="adaptive")
+    progress = wait_for_driver(out, timeout_s=150)
+    assert progress["phase"] == "done", progress
+    assert (out / "report" / "index.html").is_file()
+    assert_every_run_once(out, progress["launched"])
+    assert "adaptive: launched" in progress["summary"]
 
 
 @pytest.mark.slurm
