@@ -313,13 +313,12 @@ def _record_round(folder: Path, rounds: Rounds, run_dirs: Sequence[Path],
 
 
 def open_cells(folder: Path, run_ids: Sequence[str]) -> set[tuple[str, int]]:
-    """The (model, nodes) cells of these runs, from their run.json: a round asks runs of the
-    cells it has not closed."""
-    cells: set[tuple[str, int]] = set()
-    for run_id in run_ids:
-        doc = read_json(folder / "runs" / run_id / "run.json") or {}
-        cells.add((str((doc.get("model") or {}).get("name", "?")), int(doc.get("nodes") or 0)))
-    return cells
+    """The (model, nodes) cells of these runs: a round asks runs of the cells it has not
+    closed."""
+    from sweep.sweep_folder import SweepFolder
+
+    infos = SweepFolder(folder).run_info()
+    return {(infos[r].model, infos[r].nodes) for r in run_ids if r in infos}
 
 
 def count_cells(folder: Path) -> int:

@@ -1,8 +1,11 @@
 """A sweep folder as Slurm sees it: submit batches, observe run states, keep the exclude list.
 
-The I/O side of `sweep.submission` (which holds the rules): reads run folders and the ledger,
-writes task lists and the array wrapper, calls Slurm through `sweep.slurm.Slurm`. The commands
-(submit, status, resume, cancel) are thin layers over `Tracker`.
+The I/O side of `sweep.submission` (which holds the rules), by job: reading the folder (run
+folders, the ledger, the exclude list: `sweep.sweep_folder.SweepFolder`, which Tracker extends),
+submitting (task lists, the array wrapper, sbatch under the sweep's lock) and observing (squeue,
+sacct and the attempt folders, node failures). Slurm is called through `sweep.slurm.Slurm`; the
+round loop of a search lives in `sweep.slurm_backend`. The commands (submit, status, resume,
+cancel, nodes) are thin layers over `Tracker`.
 
 Files in the sweep folder:
   ledger.jsonl              intent (batch id, run ids) before each sbatch, the job id after
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import json
 import secrets
 import shlex
 import sys
@@ -31,16 +33,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-from sweep.budget import Fit, RunCost, Spend, committed_gpu_hours, expected_seconds, fit_budget
+from sweep.budget import Fit, Spend, committed_gpu_hours, fit_budget
 from sweep.cli import UserError
 from sweep.progress import read_tail
-from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
+from sweep.render import RUNS_DIR
 from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.slurm_states import node_failures_in_srun_output
 from sweep.state import (
-    LEDGER_FILE,
-    RUN_FILE,
     STATUS_FILE,
     LockHeld,
     append_jsonl,
@@ -57,11 +57,9 @@ from sweep.submission import (
     NodeExclusions,
     NodeFailure,
     NodeRecord,
-    RunJob,
     RunState,
     SlurmView,
     Submission,
-    SubmissionError,
     TaskRef,
     array_option,
     batch_in,
@@ -73,17 +71,20 @@ from sweep.submission import (
     plan_batches,
     reconcile,
     run_state,
-    shape_of,
     shape_options,
-    submissions,
     update_exclusions,
+)
+from sweep.sweep_folder import (
+    BAD_NODES_FILE,
+    RunInfo,
+    SweepFolder,
+    read_json_safe,
 )
 from sweep.verdict import LOG_TAIL_BYTES, SRUN_BLAME_SETTLED, srun_node_failure
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
 TASKS_FILE: Final = "tasks.txt"
-BAD_NODES_FILE: Final = "bad_nodes.json"
 LOCK_FILE: Final = ".submit.lock"
 LEFT_OUT_FILE: Final = "budget_left_out.txt"  # runs a GPU-hour cap kept from being launched
 ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
@@ -109,18 +110,6 @@ exec bash "$SWEEP_RUN_DIR/job.sbatch"
 """
 
 
-@dataclass(frozen=True)
-class RunInfo:
-    """What status needs of a run folder: its id, model, nodes and GPUs, and its time limit."""
-
-    run_id: str
-    model: str
-    nodes: int
-    gpus: int
-    time_limit_s: int
-    steps: int | None = None  # run.json's settings.steps (the budget's expected time)
-
-
 @dataclass
 class Observation:
     """One poll: every run's state, and what it cost."""
@@ -132,106 +121,16 @@ class Observation:
     slurm_calls: dict[str, int] = field(default_factory=dict)
 
 
-def time_seconds(text: str) -> int:
-    """Slurm's --time in seconds; 0 if unreadable (a hand-made script's odd value must not stop
-    `sweep status`)."""
-    from sweep.local import slurm_seconds
-
-    try:
-        return slurm_seconds(text)
-    except ValueError:
-        return 0
-
-
-class Tracker:
-    """One sweep folder and the Slurm jobs of its runs."""
+class Tracker(SweepFolder):
+    """One sweep folder and the Slurm jobs of its runs: what it reads of the folder
+    (SweepFolder), plus submitting its runs as job arrays and observing their states."""
 
     def __init__(self, sweep_dir: Path, slurm: Slurm | None = None) -> None:
-        self.dir = sweep_dir.resolve()
-        if not (self.dir / RUNS_DIR).is_dir():
-            raise UserError(f"{sweep_dir}: no runs/ folder; pass a sweep folder that "
-                            "`sweep render` wrote, or a spec file")
+        super().__init__(sweep_dir)
         self.slurm = slurm or Slurm()
-        self.ledger = self.dir / LEDGER_FILE
         self.batches = self.dir / BATCHES_DIR
-        self._run_ids: list[str] | None = None
-        self._name: str | None = None
-
-    # -- reading ----------------------------------------------------------------------------
-
-    def run_ids(self, refresh: bool = False) -> list[str]:
-        """The rendered runs, listed once per poll (a directory scan of the whole sweep)."""
-        if refresh or self._run_ids is None:
-            self._run_ids = [p.name for p in run_dirs_of(self.dir)]
-        return self._run_ids
-
-    def run_jobs(self, run_ids: Sequence[str]) -> list[RunJob]:
-        """Each run's shape, read from its job.sbatch (what `sbatch job.sbatch` would ask)."""
-        from sweep.local import parse_directives
-
-        jobs = []
-        for run_id in run_ids:
-            script = self.dir / RUNS_DIR / run_id / JOB_FILE
-            try:
-                directives = parse_directives(script.read_text(encoding="utf-8"))
-            except OSError as error:
-                raise UserError(f"{script}: cannot read it ({error.strerror}); "
-                                "run `sweep render` again") from None
-            try:
-                jobs.append(RunJob(run_id=run_id, shape=shape_of(directives, str(script))))
-            except SubmissionError as error:
-                raise UserError(str(error)) from None
-        return jobs
-
-    def sweep_name(self) -> str:
-        """The sweep's name (run.json's `sweep`), for job names and comments."""
-        if self._name is None:
-            first = self.run_ids()[:1]
-            name = (read_json(self.dir / RUNS_DIR / first[0] / RUN_FILE) or {}).get("sweep") \
-                if first else None
-            self._name = name if isinstance(name, str) and name else self.dir.name
-        return self._name
-
-    def run_info(self) -> dict[str, RunInfo]:
-        """Model, nodes, GPUs and time limit of every run, from run.json (job.sbatch's --time
-        only when run.json has no time limit, e.g. a hand-made run folder)."""
-        from sweep.local import parse_directives
-
-        infos = {}
-        for run_id in self.run_ids():
-            run_dir = self.dir / RUNS_DIR / run_id
-            doc = read_json_safe(run_dir / RUN_FILE) or {}
-            nodes = int(doc.get("nodes") or 1)
-            limit = str((doc.get("settings") or {}).get("time_limit") or "")
-            if not limit:
-                with contextlib.suppress(OSError):
-                    limit = parse_directives((run_dir / JOB_FILE).read_text()).get("time", "")
-            infos[run_id] = RunInfo(
-                run_id=run_id, model=str((doc.get("model") or {}).get("name", "?")),
-                nodes=nodes, gpus=nodes * int(doc.get("gpus_per_node") or 1),
-                time_limit_s=time_seconds(limit),
-                steps=_int_or_none((doc.get("settings") or {}).get("steps")))
-        return infos
-
-    def submissions(self) -> list[Submission]:
-        return submissions(read_jsonl(self.ledger))
-
-    def excluded(self) -> list[str]:
-        data = read_json(self.dir / BAD_NODES_FILE) or {}
-        return sorted(data.get("exclude") or [])
 
     # -- budget -----------------------------------------------------------------------------
-
-    def run_costs(self, run_ids: Sequence[str],
-                  step_times: dict[str, float] | None = None) -> list[RunCost]:
-        """Each run's GPUs, time limit and expected time (from the plan's predicted step time
-        in `step_times`, by run id, where there is one)."""
-        infos = self.run_info()
-        step_times = step_times or {}
-        return [RunCost(run_id=r, gpus=infos[r].gpus, time_limit_s=infos[r].time_limit_s,
-                        expected_s=expected_seconds(infos[r].time_limit_s, infos[r].steps,
-                                                    step_times.get(r)))
-                for r in run_ids]
 
     def fit_budget(self, run_ids: Sequence[str], cap_gpu_hours: float | None,
                    observation: Observation | None = None, write: bool = True) -> Fit:
@@ -515,10 +414,6 @@ class Tracker:
             atomic_write_json(self.dir / BAD_NODES_FILE, updated)
 
 
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
     return NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
                           data.get("forgiven_at") or {})
@@ -532,15 +427,6 @@ def _node_failure_of(record: dict[str, Any]) -> NodeFailure:
 
 def _seen_at(record: dict[str, Any]) -> float:
     return float(record.get("seen_at") or 0.0)
-
-
-def read_json_safe(path: Path) -> dict[str, Any] | None:
-    """A JSON object, or None for a missing, torn or non-object file (a job still writing)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from sweep.commands.status import gpu_hours, render
 from sweep.submission import RunState
-from sweep.tracker import Observation, RunInfo, time_seconds
+from sweep.sweep_folder import RunInfo, time_seconds
+from sweep.tracker import Observation
 
 
 def observation() -> Observation:
