@@ -8,7 +8,8 @@ A detached search (`sweep submit --strategy pruned|adaptive`) is resumed by its 
 recorded driver died before the search ended, resume submits a new one, which adopts the runs in
 flight; while a driver is live, resume leaves the sweep to it. After the search, resume reruns
 failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
-(--max-gpu-hours, or the spec's max_gpu_hours) nothing is submitted that could exceed it.
+(--max-gpu-hours, or the spec's max_gpu_hours) nothing is submitted that could exceed it. When it
+resubmits runs, a report job collects and reports again after them (`--no-report`: none).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweep.cli import UserError
-from sweep.commands.submit import add_submit_options, budget_cap, ensure_preflight, print_report
+from sweep.commands.submit import (
+    add_submit_options,
+    budget_cap,
+    ensure_preflight,
+    print_report,
+    report_job,
+)
 from sweep.driver import read_progress, read_record
 
 if TYPE_CHECKING:
@@ -113,6 +120,7 @@ def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, 
             fit = tracker.fit_budget(todo, cap, observed, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run, exclude=observed.excluded)
+            report_job_id = report_job(tracker.dir, tracker, report, args)
     except SlurmError as error:
         raise UserError(str(error)) from None
     print_report(report, args.dry_run)
@@ -123,4 +131,7 @@ def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, 
     if fit.left_out:
         print(f"{len(fit.left_out)} run(s) left out by the budget of {cap:g} GPU-hours"
               + ("" if args.dry_run else f": listed in {tracker.dir / LEFT_OUT_FILE}"))
+    if report_job_id:
+        print(f"report job {report_job_id} collects and reports again after the rerun runs end "
+              f"(→ {tracker.dir / 'report' / 'index.html'})")
     return 0

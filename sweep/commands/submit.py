@@ -48,8 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "exit; the default for pruned and adaptive")
     mode.add_argument("--foreground", dest="detach", action="store_false",
                       help="run the search in this process, which must live until it ends")
-    parser.add_argument("--no-report", action="store_true",
-                        help="do not collect and report on the cluster when the sweep ends")
     parser.add_argument("--yes", action="store_true",
                         help="submit without asking, however many GPU-hours the worst case is")
     add_submit_options(parser)
@@ -71,6 +69,9 @@ def add_submit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preflight-timeout", type=float, default=600.0, metavar="S",
                         help="give up on the preflight after S seconds, queue wait included "
                              "(default %(default)s)")
+    parser.add_argument("--no-report", action="store_true",
+                        help="do not collect and report on the cluster when the submitted runs "
+                             "(or the search) end")
     parser.add_argument("--max-gpu-hours", type=positive_float, default=None, metavar="H",
                         help="cap the sweep at H GPU-hours (spent + in flight at its time limit); "
                              "runs that would exceed it are left out and listed in "
@@ -276,7 +277,7 @@ def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argpars
             fit = tracker.fit_budget(todo, cap, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run)
-            report_job = _report_job(folder, tracker, report, args)
+            report_job_id = report_job(folder, tracker, report, args)
     except SlurmError as error:
         raise UserError(str(error)) from None
     print_report(report, args.dry_run)
@@ -290,15 +291,16 @@ def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argpars
     if fit.left_out:
         print(f"{len(fit.left_out)} run(s) left out by the budget of {cap:g} GPU-hours"
               + ("" if args.dry_run else f": listed in {folder / LEFT_OUT_FILE}"))
-    if report_job:
-        print(f"report job {report_job} collects and reports after the arrays end "
+    if report_job_id:
+        print(f"report job {report_job_id} collects and reports after the arrays end "
               f"(→ {folder / 'report' / 'index.html'})")
     return 0
 
 
-def _report_job(folder: Path, tracker: Tracker, report: SubmitReport,
-                args: argparse.Namespace) -> str | None:
-    """The afterany job that collects and reports after this submission's arrays."""
+def report_job(folder: Path, tracker: Tracker, report: SubmitReport,
+               args: argparse.Namespace) -> str | None:
+    """The afterany job that collects and reports after this submission's arrays (submit's,
+    and resume's: the report is made again once the rerun runs end)."""
     if args.dry_run or args.no_report or not report.submitted:
         return None
     from sweep.driver import submit_report_job

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -161,12 +162,16 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "--exclude=node2 " in dry and f"--exclude={','.join(OTHERS)},node2 " in dry
     before = len(submissions(read_jsonl(out / "ledger.jsonl")))
     assert main(["resume", str(out), "--hold"]) == 0
+    [report_job] = re.findall(r"report job (\d+) collects and reports again", capsys.readouterr().out)
+    assert squeue_reason(report_job) == "Dependency"  # waits for the rerun arrays to end
     new = submissions(read_jsonl(out / "ledger.jsonl"))[before:]
     resubmitted = sorted(run for sub in new for run in sub.run_ids)
     failed = sorted(layout[k] for k, v in EXPECTED.items() if v != "oom")
     assert resubmitted == failed and all(sub.job_id for sub in new)
     assert main(["resume", str(out), "--hold"]) == 0  # they are pending now: nothing twice
+    assert "report job" not in capsys.readouterr().out  # nor a second report job
     assert len(submissions(read_jsonl(out / "ledger.jsonl"))) == before + len(new)
+    subprocess.run(["scancel", report_job], check=False)  # the rest of the test collects itself
     capsys.readouterr()
     assert main(["resume", str(out), "--only", "oom", "--dry-run"]) == 0
     assert "would resubmit 1 run(s): 1 oom" in capsys.readouterr().out
@@ -228,3 +233,9 @@ def test_a_node_that_cannot_start_its_step_is_a_node_failure_blamed_on_that_node
 
     [row] = pq.read_table(out / "runs.parquet").to_pylist()
     assert (row["outcome"], row["reason"].split(":")[0]) == ("node_fail", "srun_step_launch_failed"), row
+
+
+def squeue_reason(job_id: str) -> str:
+    """Why slurmctld keeps a pending job waiting (squeue's %r)."""
+    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%r"], capture_output=True,
+                          text=True, check=False).stdout.strip()
