@@ -280,9 +280,25 @@ class SearchDriver(Checkpointable):
                        round=end.rounds, skipped=end.skipped, left_out=len(end.left_out),
                        summary=end.summary)
         if self.options.report:
-            collect_and_report(folder)
+            self._report(folder)
         write_progress(folder, phase="budget" if end.left_out else "done")
         return end.summary
+
+    @staticmethod
+    def _report(folder: Path) -> None:
+        """Collect and report. The search is over whatever happens here: a report that fails
+        is recorded (`sweep status` shows it; `sweep report DIR` makes it again by hand), not
+        a failed driver that `sweep resume` would start again for nothing."""
+        try:
+            code = collect_and_report(folder)
+        except Exception as error:  # noqa: BLE001 - any failure of the report is reported
+            code, reason = 1, f"{type(error).__name__}: {error}"
+            print(f"collect or report failed: {reason}", file=sys.stderr, flush=True)
+        else:
+            reason = f"exit code {code}"
+        if code:
+            write_progress(folder, report_error=f"{reason}; run `sweep collect {folder} "
+                                                f"--sacct` and `sweep report {folder}` by hand")
 
     def _owns_the_sweep(self, folder: Path, me: str | None) -> bool:
         from sweep.tracker import Tracker

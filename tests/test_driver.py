@@ -24,11 +24,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from sweep.cli import main
+from sweep.commands.status import render_driver
 from sweep.driver import (
     PROGRESS_FILE,
+    DriverView,
+    SearchDriver,
     driver_state,
     is_the_sweeps_driver,
     may_start_driver,
+    read_progress,
     read_record,
 )
 from sweep.live_search import SEARCH_RUNS_FILE
@@ -104,6 +108,16 @@ def test_a_detached_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.Captu
     assert f"worst case {RUNS * RUN_UPPER_GPU_HOURS:.2f}" in shown
     assert "would submit the pruned search driver" in shown
     assert not read_record(out) and not (out / "ledger.jsonl").exists()
+
+
+def test_a_report_that_fails_ends_the_search_all_the_same_and_status_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    SearchDriver._report(tmp_path)  # not a sweep folder: collect refuses it
+    progress = read_progress(tmp_path)
+    assert "exit code 2" in progress["report_error"] and "sweep report" in progress["report_error"]
+    view = DriverView(folder=tmp_path, job_id="7", state="completed", slurm_state="COMPLETED",
+                      progress={**progress, "phase": "done"}, log_tail=[])
+    assert "the search ended, but its report failed: exit code 2" in render_driver(view, 0.0)
 
 
 def test_a_worst_case_above_the_threshold_needs_yes_without_a_terminal(

@@ -131,6 +131,8 @@ def render_driver(view: DriverView, spent_gpu_hours: float) -> str:
                      "starts a new one, which adopts the runs in flight")
     if progress.get("error"):
         lines.append(f"  error: {progress['error']}")
+    if progress.get("report_error"):
+        lines.append(f"  the search ended, but its report failed: {progress['report_error']}")
     lines += [f"  {line}" for line in view.log_tail]
     return "\n".join(lines)
 
