@@ -4,11 +4,18 @@ Writes DIR/plan.parquet (every candidate with its status) and DIR/spec.yaml (the
 planned, headed by its hash); DIR defaults to results/<spec name>/. Nothing is written when the
 spec is invalid or no plan can be made. `--explain RUN_ID` prints the memory breakdown of one
 kept configuration and writes nothing.
+
+`--calibrate-from RUNS` (a runs.parquet of this sweep's own attempts) corrects the memory model
+with the attempts' measured peaks and outcomes (`sweep.self_calibration`), fits the throughput
+model to their step times when there are enough (as `sweep calibrate` does), re-plans, and writes
+what it used to DIR/calibration.json (and DIR/throughput.json). A later `sweep plan` of the same
+spec applies the recorded memory correction again, as it reads DIR/throughput.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Final
@@ -17,10 +24,15 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from sweep import memory, space
-from sweep.calibrate import predict_plan
+from sweep import memory, self_calibration, space
+from sweep.calibrate import fit, predict_plan
 from sweep.cli import UserError
-from sweep.commands.calibrate import COEFFICIENTS_FILE, load_coefficients
+from sweep.commands.calibrate import (
+    COEFFICIENTS_FILE,
+    coefficients_payload,
+    completed_groups,
+    load_coefficients,
+)
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, make_temp
 from sweep.throughput import Coefficients
@@ -43,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="throughput-model coefficients from `sweep calibrate` (default: the "
                              f"sweep folder's {COEFFICIENTS_FILE} if there, else the physical "
                              "prior)")
+    parser.add_argument("--calibrate-from", metavar="RUNS", type=Path, default=None,
+                        help="runs.parquet of this sweep's own attempts: correct the memory "
+                             "model with their measured peaks and outcomes, refit the "
+                             "throughput model on them, re-plan, and record both in "
+                             f"<out>/{self_calibration.CALIBRATION_FILE}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,9 +76,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = args.out if args.out is not None else Path("results") / spec.name
     coefficients = args.coefficients or out / COEFFICIENTS_FILE
-    frame = with_predictions(frame, spec, load_coefficients(coefficients)
-                             if coefficients.is_file() else Coefficients())
+    throughput = load_coefficients(coefficients) if coefficients.is_file() else Coefficients()
+    files: dict[str, str] = {}  # written once the plan is
+    if args.calibrate_from is not None:
+        frame, throughput, files, calibration_lines = calibrate_from(
+            args.calibrate_from, spec, frame, throughput, fit_throughput=args.coefficients is None)
+    else:
+        frame, calibration_lines = recorded_calibration(out, spec, frame)
+    frame = with_predictions(frame, spec, throughput)
     write_plan(out, spec, args.spec, frame)
+    for name, text in files.items():
+        atomic_write_text(out / name, text)
+        calibration_lines.append(f"  → {out / name}")
+    for line in calibration_lines:
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
     console.print(summary_table(frame))
     if args.candidates:
         console.print(candidates_table(frame))
@@ -75,6 +103,66 @@ def run(args: argparse.Namespace) -> int:
     if kept == 0:
         raise UserError(nothing_kept(args.spec, frame))
     return 0
+
+
+def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, throughput: Coefficients,
+                   fit_throughput: bool = True
+                   ) -> tuple[pd.DataFrame, Coefficients, dict[str, str], list[str]]:
+    """Re-plan with the memory correction fitted on RUNS and, unless --coefficients names a
+    file or RUNS has too few completed attempts, refit the throughput model on them as `sweep
+    calibrate` does. Returns the plan, the throughput coefficients to predict with, the files
+    to write into the sweep folder (calibration.json, throughput.json) and the lines to print."""
+    try:
+        calibration = self_calibration.calibrate(runs, spec)
+    except self_calibration.CalibrationError as error:
+        raise UserError(str(error)) from None
+    replanned = self_calibration.replan(frame, spec, calibration.memory.factor)
+    changed = self_calibration.changes(frame, replanned)
+    lines = self_calibration.describe(calibration, changed)
+    record: dict[str, object] = {**calibration.to_dict(), "status_changes": changed}
+    files: dict[str, str] = {}
+    if fit_throughput:
+        groups = completed_groups(runs, spec)
+        try:
+            result = fit([(group, work) for _, group, work in groups])
+        except ValueError as error:
+            record["throughput"] = {"fitted": False, "reason": str(error)}
+            lines.append(f"  throughput: not refitted ({error}); predictions use the "
+                         f"sweep folder's {COEFFICIENTS_FILE} if there, else the prior")
+        else:
+            payload = coefficients_payload(result, runs, spec)
+            record["throughput"] = {"fitted": True, "file": COEFFICIENTS_FILE, **payload}
+            files[COEFFICIENTS_FILE] = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+            throughput = result.coefficients
+            lines.append(f"  throughput: refitted on {result.rows} completed run(s), median "
+                         f"|error| {result.median_abs_error:.1%}")
+    files[self_calibration.CALIBRATION_FILE] = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    return replanned, throughput, files, lines
+
+
+def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
+                         ) -> tuple[pd.DataFrame, list[str]]:
+    """The memory correction of out/calibration.json applied again (a plain `sweep plan` of a
+    calibrated sweep keeps its decisions); ignored, with a warning, if made for another spec."""
+    path = out / self_calibration.CALIBRATION_FILE
+    if not path.is_file():
+        return frame, []
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        factor, made_for = float(record["memory"]["factor"]), str(record["spec_hash"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{path}: not a calibration of `sweep plan --calibrate-from` ({error}); "
+                        "remove it or write it again with --calibrate-from") from None
+    if made_for != spec.spec_hash():
+        return frame, [f"warning: {path} was made for another version of the spec "
+                       f"(hash {made_for}); planned with the prior memory model. Run `sweep plan "
+                       "--calibrate-from RUNS` again to recalibrate"]
+    replanned = self_calibration.replan(frame, spec, factor)
+    changed = self_calibration.changes(frame, replanned)
+    return replanned, [f"memory: reserved peak × {factor:.3f} from {path} (runs sha256 "
+                       f"{str(record.get('source_sha256', ''))[:12]}…); "
+                       f"{changed['pruned_to_kept']} pruned → kept, "
+                       f"{changed['kept_to_pruned']} kept → pruned"]
 
 
 # What to change when a rule prunes everything: the smallest edit of the spec that may keep some.

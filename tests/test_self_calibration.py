@@ -1,0 +1,163 @@
+"""The memory correction fitted on a sweep's own attempts (`sweep.self_calibration`): the rule of
+its docstring on hand-made evidence, its refusals, and the re-plan it drives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from sweep import space
+from sweep.self_calibration import (
+    CalibrationError,
+    calibrate,
+    changes,
+    fit_correction,
+    replan,
+)
+from sweep.spec import load_spec
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def evidence(*rows: tuple[str, float | None, float, float | None]) -> pd.DataFrame:
+    """Rows of (outcome, measured reserved MiB or None, predicted reserved MiB, limit MiB or
+    None), each with 100 MiB of predicted overhead."""
+    return pd.DataFrame({
+        "run_id": [f"r{i}" for i in range(len(rows))], "attempt": 1, "model": "m",
+        "outcome": [r[0] for r in rows],
+        "measured_reserved": [np.nan if r[1] is None else r[1] * MiB for r in rows],
+        "pred_reserved": [r[2] * MiB for r in rows], "pred_overhead": 100.0 * MiB,
+        "limit": [np.nan if r[3] is None else r[3] * MiB for r in rows]})
+
+
+def test_completed_attempts_alone_scale_the_prediction_to_cover_every_measured_peak() -> None:
+    fit = fit_correction(evidence(("completed", 30, 100, None), ("completed", 40, 200, None)))
+    assert fit.factor == pytest.approx(0.3)  # max(30/100, 40/200)
+    assert (fit.lower, fit.upper, fit.bound_by) == (None, None, "measured peaks")
+    assert (fit.n_completed, fit.n_oom, fit.n_measured, fit.n_unbounded) == (2, 0, 2, 2)
+
+
+def test_without_measured_peaks_the_prior_stands_unless_an_outcome_moves_it() -> None:
+    assert fit_correction(evidence(("completed", None, 100, 1000))).factor == 1.0
+    fit = fit_correction(evidence(("completed", None, 400, 400)))  # ran: 400k + 100 <= 400
+    assert fit.factor == pytest.approx(0.75) and fit.bound_by == "completed"
+
+
+def test_a_completed_attempt_caps_what_the_measured_peaks_ask() -> None:
+    # a peak measured above the prediction (× 2) but the run fitted in 300 MiB: k <= 2.0 is
+    # fine, k <= (300 - 100) / 200 = 1.0 from the other completed run bounds it
+    fit = fit_correction(evidence(("completed", 200, 100, 300), ("completed", None, 200, 300)))
+    assert fit.target == pytest.approx(2.0)
+    assert fit.factor == pytest.approx(1.0) and fit.upper == pytest.approx(1.0)
+
+
+def test_an_oom_the_prior_predicted_to_fit_raises_the_factor_just_over_its_edge() -> None:
+    # prior: 300 + 100 <= 500 fits, yet it ran out: k > (500 - 100) / 300
+    fit = fit_correction(evidence(("completed", 150, 200, 500), ("oom", None, 300, 500)))
+    edge = 400 / 300
+    assert fit.factor > edge and fit.factor == pytest.approx(edge)
+    assert fit.bound_by == "oom" and fit.unexplained_ooms == ()
+    assert 1.0 * 300 + 100 <= 500 < fit.factor * 300 + 100  # the prior kept it; now pruned
+
+
+def test_an_oom_that_contradicts_a_completed_attempt_is_left_out_not_obeyed() -> None:
+    # the OOM'd layout is predicted smaller (200) than one that completed (400) under the same
+    # limit: no factor prunes the first and keeps the second, so the completed run wins
+    fit = fit_correction(evidence(("completed", 100, 400, 500), ("oom", None, 200, 500)))
+    assert fit.unexplained_ooms == ("r1#1",) and fit.lower is None
+    assert fit.factor == pytest.approx(0.25)  # the measured peak, within the upper bound 1.0
+    assert fit.upper == pytest.approx(1.0)
+
+
+def test_an_attempt_under_its_own_cap_or_without_a_limit_bounds_nothing() -> None:
+    fit = fit_correction(evidence(("oom", None, 300, None), ("completed", 50, 100, None)))
+    assert fit.factor == pytest.approx(0.5) and fit.lower is None and fit.n_unbounded == 2
+
+
+# Reading and refusing -----------------------------------------------------------------------------
+
+@pytest.fixture()
+def spec_path(tmp_path: Path) -> Path:
+    spec = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
+    spec.update(gpu_memory_gb=1.08, models=["tiny-4l"], nodes=[1], overrides=[])
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def runs_table(spec_path: Path, outcomes: dict[str, tuple[str, float | None]]) -> pd.DataFrame:
+    """A runs.parquet-shaped table of the spec's planned candidates: {layout label: (outcome,
+    measured reserved MiB)}."""
+    spec = load_spec(spec_path)
+    plan = space.plan(spec)
+    rows = []
+    for _, row in plan.iterrows():
+        label = space.layout_of(row).label()
+        if label not in outcomes:
+            continue
+        outcome, measured = outcomes[label]
+        rows.append({"run_id": space.run_ids(spec, plan.loc[[row.name]])[0], "attempt": 1,
+                     "framework": spec.framework, "model": str(row["model"]),
+                     "gpus_per_node": spec.gpus_per_node_resolved, "seq_len": spec.seq_len,
+                     "dtype": spec.dtype,
+                     **{k: int(row[k]) for k in space.LAYOUT_INT_COLUMNS},
+                     "recompute": str(row["recompute"]), "sp": bool(row["sp"]),
+                     "pp_schedule": str(row["pp_schedule"]), "outcome": outcome,
+                     "mem_reserved_bytes": None if measured is None else measured * MiB,
+                     "mem_allocated_bytes": None if measured is None else measured * MiB,
+                     "mem_source": "cpu-rss-anon", "settings_json": json.dumps({})})
+    return pd.DataFrame(rows)
+
+
+def test_no_usable_attempt_is_refused_naming_the_file_and_the_fix(
+        spec_path: Path, tmp_path: Path) -> None:
+    spec = load_spec(spec_path)
+    missing = tmp_path / "nothing.parquet"
+    with pytest.raises(CalibrationError, match="nothing.parquet: no such file"):
+        calibrate(missing, spec)
+    table = runs_table(spec_path, {"DP1 TP2 PP1 GAS4 MBS2 ZeRO-0": ("hang", None)})
+    path = tmp_path / "runs.parquet"
+    table.to_parquet(path)
+    with pytest.raises(CalibrationError) as error:
+        calibrate(path, spec)
+    assert str(path) in str(error.value) and "1 outcome not completed or oom" in str(error.value)
+    assert "sweep run SPEC --out DIR" in str(error.value)
+    table.drop(columns=["mem_source"]).to_parquet(path)
+    with pytest.raises(CalibrationError, match=r"no column\(s\) \['mem_source'\]"):
+        calibrate(path, spec)
+
+
+def test_measured_peaks_far_below_the_prior_keep_what_the_prior_pruned(
+        spec_path: Path, tmp_path: Path) -> None:
+    spec = load_spec(spec_path)
+    prior = space.plan(spec)
+    kept = prior[prior["status"] == space.KEPT]
+    assert (prior["status"] == "pruned:memory").sum() == 1  # DP2: 1132 MiB > 1106 MiB
+    labels = [space.layout_of(row).label() for _, row in kept.iterrows()]
+    table = runs_table(spec_path, {label: ("completed", 90.0) for label in labels})
+    path = tmp_path / "runs.parquet"
+    table.to_parquet(path)
+    calibration = calibrate(path, spec)
+    assert calibration.memory.factor < 0.35 and calibration.memory.n_completed == 2
+    assert len(calibration.residuals) == 2 and calibration.left_out == {}
+    replanned = replan(prior, spec, calibration.memory.factor)
+    assert changes(prior, replanned) == {"pruned_to_kept": 1, "kept_to_pruned": 0}
+    assert (replanned["status"] == space.KEPT).all()
+    # the newly kept candidate has the run id an unconstrained plan gives it
+    text = yaml.safe_load(spec_path.read_text())
+    del text["gpu_memory_gb"]
+    (tmp_path / "unconstrained.yaml").write_text(yaml.safe_dump(text))
+    unconstrained = space.plan(load_spec(tmp_path / "unconstrained.yaml"))
+    assert sorted(replanned["run_id"]) == sorted(unconstrained["run_id"])
+    assert (replanned["mem_prior_total_bytes"] == prior["mem_total_bytes"]).all()
+    assert (replanned["mem_total_bytes"] < prior["mem_total_bytes"]).all()
+    # and the other way: a factor above the prior prunes what it kept
+    stricter = replan(prior, spec, 3.0)
+    assert changes(prior, stricter) == {"pruned_to_kept": 0, "kept_to_pruned": 2}
+    assert stricter["run_id"].isna().all()
