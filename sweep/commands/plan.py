@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -33,6 +34,7 @@ from sweep.commands.calibrate import (
     completed_groups,
     load_coefficients,
 )
+from sweep.memory_profiles import RESERVED_BAND, reserved_interval
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, make_temp
 from sweep.throughput import Coefficients
@@ -95,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(candidates_table(frame))
     for line in framework_prunes(spec, frame):
         console.print(line, highlight=False, soft_wrap=True)
+    near = near_the_limit(frame, spec)
+    if near is not None:
+        console.print(near.describe(), highlight=False, soft_wrap=True)
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
@@ -103,6 +108,39 @@ def run(args: argparse.Namespace) -> int:
     if kept == 0:
         raise UserError(nothing_kept(args.spec, frame))
     return 0
+
+
+@dataclass(frozen=True)
+class NearTheLimit:
+    """Candidates whose memory verdict the model's uncertainty could flip."""
+
+    pruned_could_fit: int  # pruned by the point estimate, the band reaches under the budget
+    kept_could_oom: int  # kept by the point estimate, the band reaches over it
+    band: tuple[float, float]
+
+    def describe(self) -> str:
+        low, high = self.band
+        return (f"memory near the limit (the reserved peak's left-out error, {low:+.0%} .. "
+                f"{high:+.0%}): {self.pruned_could_fit} candidate(s) pruned by memory could fit, "
+                f"{self.kept_could_oom} kept could run out of memory; the verdict is the point "
+                "estimate's (probing them first is not implemented yet)")
+
+
+def near_the_limit(frame: pd.DataFrame, spec: Spec) -> NearTheLimit | None:
+    """How many memory verdicts lie inside the model's uncertainty band
+    (sweep.memory_profiles.reserved_interval); None when the GPU has no memory ceiling."""
+    budget = spec.gpu_spec.memory_bytes
+    if budget is None or "mem_reserved_bytes" not in frame:
+        return None
+    budget = int(budget * (1.0 - spec.constraints.memory_headroom))
+    judged = frame["status"].isin([space.KEPT, "pruned:memory"]) \
+        & frame["mem_reserved_bytes"].notna()
+    rows = frame[judged]
+    low, high = reserved_interval(rows["mem_reserved_bytes"].to_numpy(float),
+                                  fixed_bytes=rows["mem_overhead_bytes"].to_numpy(float))
+    kept = (rows["status"] == space.KEPT).to_numpy()
+    return NearTheLimit(pruned_could_fit=int(((low <= budget) & ~kept).sum()),
+                        kept_could_oom=int(((high > budget) & kept).sum()), band=RESERVED_BAND)
 
 
 def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, throughput: Coefficients,

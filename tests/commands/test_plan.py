@@ -298,3 +298,26 @@ def test_a_recorded_calibration_of_another_spec_is_not_applied(
     (out / "calibration.json").write_text("{broken")
     assert main(["plan", str(spec_path), "--out", str(out)]) == 2
     assert "calibration.json: not a calibration" in capsys.readouterr().err
+
+
+def test_plan_counts_the_memory_verdicts_inside_the_models_uncertainty_band() -> None:
+    """The band is the reserved peak's left-out error (−32 % .. +16 % of the prediction):
+    a prediction a little over the budget may fit, one a little under it may not."""
+    from sweep.commands.plan import near_the_limit
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("name: band\nframework: builtin\ngpu: cpu\ngpu_memory_gb: 1\n"
+                      "models: [tiny-4l]\nnodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
+    gib = 2**30
+    frame = pd.DataFrame({
+        "status": ["kept", "kept", "pruned:memory", "pruned:memory", "pruned:tp_heads"],
+        "mem_reserved_bytes": [0.5 * gib, 0.9 * gib, 1.1 * gib, 1.3 * gib, None],
+        "mem_overhead_bytes": [0.0, 0.0, 0.0, 0.0, None]})
+    near = near_the_limit(frame, spec)
+    assert near is not None
+    assert (near.pruned_could_fit, near.kept_could_oom) == (1, 1)
+    assert "1 candidate(s) pruned by memory could fit, 1 kept could run out of memory" in \
+        near.describe()
+    no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
+                            "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
+    assert near_the_limit(frame, no_ceiling) is None
