@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sweep import fit  # noqa: E402
+from sweep import fit, fit_reference  # noqa: E402
 from sweep.refdata import refdata_dir  # noqa: E402
 from sweep.spec import load_spec  # noqa: E402
 
@@ -31,12 +31,12 @@ from sweep.spec import load_spec  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refdata", type=Path, default=refdata_dir())
-    parser.add_argument("--out", type=Path, default=REPO / fit.CONSTANTS_MODULE)
+    parser.add_argument("--out", type=Path, default=REPO / fit_reference.CONSTANTS_MODULE)
     parser.add_argument("--check", action="store_true",
                         help="compare with the committed constants; write nothing")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    ref = fit.fit_reference(args.refdata, load_spec(REPO / fit.SPEC_FILE))
+    ref = fit_reference.fit_reference(args.refdata, load_spec(REPO / fit_reference.SPEC_FILE))
     a, figures = ref.fit.allocator, ref.fit.figures
     print(f"fitted in {time.perf_counter() - start:.1f} s over {ref.fit.points} grid points "
           f"({ref.fit.feasible_points} feasible): sequential={a.sequential} pipelined={a.pipelined} "
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the committed constants are reproduced" if same
               else "the committed constants differ: rerun without --check")
         return 0 if same else 1
-    args.out.write_text(fit.render_constants(ref, dt.date.today().isoformat()), encoding="utf-8")
+    args.out.write_text(fit_reference.render_constants(ref, dt.date.today().isoformat()), encoding="utf-8")
     print(f"-> {args.out}")
     return 0
 

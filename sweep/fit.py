@@ -27,24 +27,22 @@ bytes; what is reported is `sweep.memcheck` rescoring at the chosen point).
 `cross_validate` refits on every model but one and scores the one left out (leave-one-model-out);
 its pooled signed errors give the band of `sweep.memory_profiles.reserved_interval`.
 
-Pure except `sha256`, the `*_basis` readers of published tables, `published_bases` and
-`fit_reference`, which read files.
+Pure. The published configurations that must fit, and the fit that writes the committed
+constants, read files: `sweep.fit_reference`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
 from sweep import memcheck, memory, space
-from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, MiB, get_profile
+from sweep.memory_profiles import MemoryProfile, MiB, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
 
@@ -184,7 +182,7 @@ class Basis:
                      self.outcome[mask], self.measured_reserved[mask], self.model[mask])
 
 
-def _stage_terms(model: ModelShape, columns: dict[str, np.ndarray], profile: MemoryProfile,
+def stage_terms(model: ModelShape, columns: dict[str, np.ndarray], profile: MemoryProfile,
                  seq_len: int, dtype: str = "bf16"
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """allocated (2, n), total without fragmentation (2, n), fragmentation per unit share (2, 3, n)."""
@@ -219,14 +217,14 @@ def basis(runs: memcheck.Runs, spec: Spec) -> Basis:
         idx = group.index.to_numpy()
         rules_ok[idx] = code < 0
         estimated[idx] = columns["grad_acc"] >= 1
-        alloc[:, idx], total0[:, idx], frag[:, :, idx] = _stage_terms(
+        alloc[:, idx], total0[:, idx], frag[:, :, idx] = stage_terms(
             model, columns, get_profile(ctx.framework), ctx.seq_len, ctx.dtype)
     return Basis(rules_ok, estimated, frame["pp"].to_numpy() == 1, alloc, total0, frag, budget,
                  frame["outcome"].to_numpy(), frame["reserved_bytes"].to_numpy(np.float64),
                  frame["model"].to_numpy())
 
 
-def _kept(b: Basis, points: np.ndarray) -> np.ndarray:
+def kept_mask(b: Basis, points: np.ndarray) -> np.ndarray:
     """(P, n) bool: kept by the planner at each grid point (the memory rule on the most loaded
     stage, as `sweep.space.evaluate` applies it)."""
     shares, floor = points[:, :3], points[:, 3:4]
@@ -251,7 +249,7 @@ def _evaluate(b: Basis, points: np.ndarray, errors: bool = True
     """Per grid point: success_kept_frac, oom_pruned_frac (None: no OOM labels), and the mean,
     median and p90 absolute relative error of rank 0's reserved peak (NaN unless `errors`)."""
     success, oom = b.outcome == "success", b.outcome == "oom"
-    kept = _kept(b, points)
+    kept = kept_mask(b, points)
     nan = np.full(len(points), np.nan)
     kept_frac = kept[:, success].mean(axis=1) if success.any() else nan
     oom_pruned = (~kept[:, oom]).mean(axis=1) if oom.any() else None
@@ -280,7 +278,7 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
     feasible = np.ones(len(points), bool)
     if must_fit is not None:  # cheap (one row per published configuration): it goes first
         for i in range(0, len(points), chunk):
-            feasible[i:i + chunk] = _kept(must_fit, points[i:i + chunk]).all(axis=1)
+            feasible[i:i + chunk] = kept_mask(must_fit, points[i:i + chunk]).all(axis=1)
     candidates = np.flatnonzero(feasible)
     for i in range(0, len(candidates), chunk):
         part = candidates[i:i + chunk]
@@ -310,148 +308,6 @@ def fit_allocator(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
                   must_fit: Basis | None = None) -> AllocatorFit:
     """Fit the four allocator constants to a runs table (`sweep.memcheck.read_runs`)."""
     return fit_basis(basis(runs, spec), grid, must_fit)
-
-
-# Published configurations that ran: they must fit ----------------------------------------------
-#
-# Each table's rows ran on a real cluster, so each must be predicted to fit. The mappings are those
-# of tests/test_memory.py, which states what each table leaves unsaid. llm-foundry is the fit's
-# constraint (it bounds the sequential share); the Megatron tables are never fitted on, so every
-# set of constants is out of sample for them.
-
-LLMFOUNDRY_FILE: Final = "llmfoundry_mpt_benchmarks.csv"
-MEGATRON_CORE_FILE: Final = "megatron_core_h100_weak_scaling.csv"
-NARAYANAN_FILE: Final = "megatron_narayanan2021_table1.csv"
-LLMFOUNDRY_GPUS: Final = {"h100_80gb": "h100-sxm", "a100_80gb": "a100-80gb"}
-MPT_SHAPES: Final = {  # d_model, n_heads, n_layers (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml)
-    "125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
-    "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
-    "70b": (8192, 64, 80)}
-MPT_VOCAB: Final = 50368
-
-
-@dataclass(frozen=True)
-class GeluShape(ModelShape):
-    """GPT/MPT: a two-matrix GELU MLP (`sweep.memory` reads `mlp`)."""
-
-    mlp: str = "gelu"
-
-
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int) -> GeluShape:
-    return GeluShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                     num_kv_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
-                     tie_word_embeddings=True)
-
-
-@dataclass(frozen=True)
-class Published:
-    """One published configuration that ran: what the memory model needs to judge it."""
-
-    model: ModelShape
-    layout: dict[str, Any]  # dp tp pp mbs grad_acc zero_stage, and optionally cp ep vpp sp
-    seq_len: int  # recompute pp_schedule
-    profile: MemoryProfile
-    gpu: str
-    dtype: str = "bf16"
-    extra_bytes: float = 0.0  # state the model shape cannot say, charged on top
-
-
-def _published_basis(entries: list[Published]) -> Basis:
-    from sweep.catalog import get_gpu
-
-    n = len(entries)
-    alloc, total0, frag = np.zeros((2, n)), np.zeros((2, n)), np.zeros((2, 3, n))
-    budget = np.zeros(n)
-    for j, e in enumerate(entries):
-        row = {"cp": 1, "ep": 1, "vpp": 1, "sp": False, "recompute": "none",
-               "pp_schedule": "1f1b", **e.layout}
-        columns = {k: np.array([v]) for k, v in row.items()}
-        a, t, f = _stage_terms(e.model, columns, e.profile, e.seq_len, e.dtype)
-        alloc[:, j], total0[:, j], frag[:, :, j] = a[:, 0], t[:, 0], f[:, :, 0]
-        capacity = get_gpu(e.gpu).memory_bytes
-        assert capacity is not None  # the catalog's data-centre GPUs state their memory
-        budget[j] = capacity - e.extra_bytes
-    single = np.array([e.layout["pp"] == 1 for e in entries], bool)
-    return Basis(np.ones(n, bool), np.ones(n, bool), single, alloc, total0, frag, budget,
-                 np.full(n, "success", object), np.full(n, np.nan),
-                 np.array([e.model.name for e in entries], object))
-
-
-def llmfoundry_basis(path: str | Path) -> Basis:
-    """The H100 and A100-80GB rows of the LLM Foundry MPT benchmarks under the LLMFOUNDRY profile:
-    FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2, activation checkpointing = full recomputation,
-    data parallel over every GPU; the learnt position embedding (seq x hidden, which ModelShape
-    lacks) is charged on top as FSDP holds it (16 B/param sharded plus the gathered bf16 copy)."""
-    frame = pd.read_csv(path)
-    frame = frame[frame["GPU"].isin(list(LLMFOUNDRY_GPUS))]
-    entries = []
-    for _, r in frame.iterrows():
-        hidden, heads, layers = MPT_SHAPES[str(r["Model"])]
-        seq, gpus = int(r["SeqLen (T)"]), int(r["# GPUs"])
-        entries.append(Published(
-            _gpt(f"mpt-{r['Model']}", layers, hidden, heads, MPT_VOCAB),
-            {"dp": gpus, "tp": 1, "pp": 1, "mbs": int(r["MicroBatchSize"]),
-             "grad_acc": int(r["GradAccum"]),
-             "zero_stage": 3 if r["Sharding Strategy"] == "FULL_SHARD" else 2,
-             "recompute": "full" if r["Activation Checkpointing"] else "none"},
-            seq, LLMFOUNDRY, LLMFOUNDRY_GPUS[str(r["GPU"])],
-            extra_bytes=seq * hidden * (16 / gpus + 2)))
-    return _published_basis(entries)
-
-
-def megatron_core_basis(path: str | Path) -> Basis:
-    """Megatron-Core's H100 weak scaling (MEGATRON profile). Assumed, as tests/test_memory.py
-    does (the table does not say): micro-batch 1, distributed optimizer, sequence parallelism,
-    selective recomputation, 1F1B; DP and GBS as published."""
-    entries = [Published(
-        _gpt(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
-             int(r.attention_heads), int(r.vocab_size)),
-        {"dp": int(r.data_parallel), "tp": int(r.tensor_parallel), "pp": int(r.pipeline_parallel),
-         "mbs": 1, "grad_acc": int(r.global_batch_size) // int(r.data_parallel), "zero_stage": 1,
-         "recompute": "selective", "sp": int(r.tensor_parallel) > 1},
-        int(r.seq_len), get_profile("megatron"), "h100-sxm")
-        for r in pd.read_csv(path).itertuples()]
-    return _published_basis(entries)
-
-
-def narayanan_basis(path: str | Path) -> Basis:
-    """Narayanan et al. 2021 Table 1 on A100 80 GB (MEGATRON profile): fp16, no distributed
-    optimizer and no SP, full recomputation (--checkpoint-activations), interleaved 1F1B where
-    --num-layers-per-virtual-pipeline-stage is given (as tests/test_memory.py)."""
-    entries = []
-    for r in pd.read_csv(path).itertuples():
-        flags = str(r.extra_flags_in_repro_script).split()
-        vpp, schedule = 1, "1f1b"
-        if "--num-layers-per-virtual-pipeline-stage" in flags:
-            per_chunk = int(flags[flags.index("--num-layers-per-virtual-pipeline-stage") + 1])
-            vpp = int(r.num_layers) // int(r.pipeline_parallel) // per_chunk
-            schedule = "interleaved_1f1b"
-        dp, mbs = int(r.data_parallel_derived), int(r.micro_batch_size)
-        entries.append(Published(
-            _gpt(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
-                 int(r.attention_heads), int(r.vocab_size)),
-            {"dp": dp, "tp": int(r.tensor_parallel), "pp": int(r.pipeline_parallel), "mbs": mbs,
-             "grad_acc": int(r.global_batch_size) // (dp * mbs), "zero_stage": 0,
-             "recompute": "full", "pp_schedule": schedule, "vpp": vpp},
-            int(r.seq_len), get_profile("megatron"), "a100-80gb", dtype="fp16"))
-    return _published_basis(entries)
-
-
-PUBLISHED: Final = {LLMFOUNDRY_FILE: llmfoundry_basis, MEGATRON_CORE_FILE: megatron_core_basis,
-                    NARAYANAN_FILE: narayanan_basis}
-
-
-def published_bases(refdata: str | Path) -> dict[str, Basis]:
-    """Every published table of `PUBLISHED` the reference data holds, by file name."""
-    return {name: build(Path(refdata) / name) for name, build in PUBLISHED.items()
-            if (Path(refdata) / name).is_file()}
-
-
-def published_fit_frac(must_fit: Basis, allocator: Allocator) -> float:
-    """The share of the published configurations predicted to fit under these constants."""
-    point = np.array([[allocator.sequential, allocator.pipelined, allocator.logits,
-                       float(allocator.floor_bytes)]])
-    return float(_kept(must_fit, point)[0].mean())
 
 
 # Leave one model out ------------------------------------------------------------------------------
@@ -536,81 +392,7 @@ def cross_validate(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
                            memcheck.score_judged(pooled_cv, runs.format, runs.n_skipped), signed)
 
 
-# The committed constants --------------------------------------------------------------------------
-
-RUNS_FILE: Final = "playbook_bench_full_1B_8B.csv"  # nanotron's results table: it tells OOMs apart
-SPEC_FILE: Final = "examples/playbook.yaml"
-CONSTANTS_MODULE: Final = "sweep/fitted_constants.py"
-
-
-def sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@dataclass(frozen=True)
-class ReferenceFit:
-    """What `sweep/fitted_constants.py` commits: the constants, the band, and their provenance
-    (without the date, which `scripts/fit_memory.py` adds)."""
-
-    fit: AllocatorFit
-    band: tuple[float, float]
-    provenance: dict[str, Any]
-
-
-def fit_reference(refdata: str | Path, spec: Spec) -> ReferenceFit:
-    """Fit on the reference data's playbook table under the playbook spec; cross-validate by
-    model to measure the band that `sweep.memory_profiles.reserved_interval` reports."""
-    refdata = Path(refdata)
-    runs = memcheck.read_runs(refdata / RUNS_FILE, spec)
-    must_fit = llmfoundry_basis(refdata / LLMFOUNDRY_FILE)
-    whole = basis(runs, spec)
-    result = fit_basis(whole, GRID, must_fit)
-    cv = cross_validate(runs, spec, GRID, must_fit, in_sample=result.allocator)
-    band = cv.band()
-    provenance = {
-        "script": "scripts/fit_memory.py",
-        "function": "sweep.fit.fit_reference",
-        "objective": OBJECTIVE,
-        "data": {RUNS_FILE: sha256(refdata / RUNS_FILE),
-                 LLMFOUNDRY_FILE: sha256(refdata / LLMFOUNDRY_FILE)},
-        "spec": SPEC_FILE,
-        "grid": GRID.describe(),
-        **result.to_dict(),
-        "band": {"quantiles": list(BAND_QUANTILES), "signed_rel_err": [round(x, 6) for x in band],
-                 "from": f"leave-one-model-out on {RUNS_FILE}: held-out predicted / measured - 1 "
-                         f"of rank 0's reserved peak, {len(cv.signed_errors)} successful runs"},
-    }
-    return ReferenceFit(result, (round(band[0], 6), round(band[1], 6)), provenance)
-
-
-def render_constants(ref: ReferenceFit, date: str) -> str:
-    """The text of sweep/fitted_constants.py."""
-    import pprint
-
-    a = ref.fit.allocator
-    provenance = {**ref.provenance, "date": date}
-    return (
-        '"""The memory model\'s fitted allocator constants. Generated by scripts/fit_memory.py '
-        "from the\nreference data named in PROVENANCE (sha256, grid, objective, date): do not edit "
-        'by hand; rerun\nthe script. sweep.memory_profiles reads them; tests/test_fit.py checks '
-        'that the fit reproduces them.\n"""\n\n'
-        "from typing import Any, Final\n\n"
-        f"FRAG_SEQUENTIAL: Final = {a.sequential!r}\n"
-        f"FRAG_PIPELINED: Final = {a.pipelined!r}\n"
-        f"FRAG_LOGITS: Final = {a.logits!r}\n"
-        f"RESERVED_FLOOR_BYTES: Final = {a.floor_bytes!r}  # {a.floor_bytes / MiB:g} MiB\n"
-        "# leave-one-model-out predicted / measured - 1 of the reserved peak: 5th and 95th percentiles\n"
-        f"RESERVED_BAND: Final = {ref.band!r}\n\n"
-        f"PROVENANCE: Final[dict[str, Any]] = "
-        f"{pprint.pformat(provenance, width=96, sort_dicts=False)}\n")
-
-
 __all__ = ["Allocator", "AllocatorFit", "BAND_QUANTILES", "Basis", "CrossValidation", "Figures",
-           "GRID", "Grid", "HeldOut", "MIN_OOM_PRUNED", "MIN_SUCCESS_KEPT", "OBJECTIVE", "TARGETS", "meets",
-           "ReferenceFit", "basis", "cross_validate", "fit_allocator", "fit_basis", "fit_reference",
-           "llmfoundry_basis", "megatron_core_basis", "narayanan_basis", "published_bases",
-           "published_fit_frac", "render_constants", "sha256", "subset"]
+           "GRID", "Grid", "HeldOut", "MIN_OOM_PRUNED", "MIN_SUCCESS_KEPT", "OBJECTIVE", "TARGETS",
+           "basis", "cross_validate", "fit_allocator", "fit_basis", "kept_mask", "meets",
+           "stage_terms", "subset"]

@@ -13,7 +13,7 @@ RESERVED_FLOOR_BYTES: Final = 201326592  # 192 MiB
 RESERVED_BAND: Final = (-0.323409, 0.15501)
 
 PROVENANCE: Final[dict[str, Any]] = {'script': 'scripts/fit_memory.py',
- 'function': 'sweep.fit.fit_reference',
+ 'function': 'sweep.fit_reference.fit_reference',
  'objective': 'minimise the mean |predicted - measured| / measured of the reserved peak of '
               'rank 0 (first pipeline stage) over the successful runs, subject to '
               'success_kept_frac >= 0.99, oom_pruned_frac >= 0.9 where the table tells OOMs '

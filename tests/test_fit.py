@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sweep import fit, fitted_constants, memcheck
+from sweep import fit, fit_reference, fitted_constants, memcheck
 from sweep.cli import main
 from sweep.memory_profiles import (
     FRAG_LOGITS,
@@ -32,38 +32,38 @@ from sweep.spec import Spec, load_spec
 
 @pytest.fixture(scope="module")
 def playbook(repo_root: Path) -> Spec:
-    return load_spec(repo_root / fit.SPEC_FILE)
+    return load_spec(repo_root / fit_reference.SPEC_FILE)
 
 
 @pytest.fixture(scope="module")
-def reference(refdata: Path, playbook: Spec) -> tuple[fit.ReferenceFit, float]:
+def reference(refdata: Path, playbook: Spec) -> tuple[fit_reference.ReferenceFit, float]:
     start = time.perf_counter()
-    ref = fit.fit_reference(refdata, playbook)
+    ref = fit_reference.fit_reference(refdata, playbook)
     return ref, time.perf_counter() - start
 
 
 @pytest.fixture(scope="module")
 def full_runs(refdata: Path, playbook: Spec) -> memcheck.Runs:
-    return memcheck.read_runs(refdata / fit.RUNS_FILE, playbook)
+    return memcheck.read_runs(refdata / fit_reference.RUNS_FILE, playbook)
 
 
 @pytest.fixture(scope="module")
 def cv(refdata: Path, playbook: Spec, full_runs: memcheck.Runs) -> fit.CrossValidation:
     return fit.cross_validate(full_runs, playbook,
-                              must_fit=fit.llmfoundry_basis(refdata / fit.LLMFOUNDRY_FILE))
+                              must_fit=fit_reference.llmfoundry_basis(refdata / fit_reference.LLMFOUNDRY_FILE))
 
 
 # ------------------------------------------------------------------ reproducible fit
 
 def test_the_data_is_the_data_the_constants_were_fitted_on(refdata: Path) -> None:
     for name, digest in fitted_constants.PROVENANCE["data"].items():
-        assert fit.sha256(refdata / name) == digest, (
+        assert fit_reference.sha256(refdata / name) == digest, (
             f"{name} is not the file the committed constants were fitted on: "
             "rerun scripts/fit_memory.py if the reference data changed on purpose")
 
 
 def test_rerunning_the_fit_reproduces_the_committed_constants(
-        reference: tuple[fit.ReferenceFit, float]) -> None:
+        reference: tuple[fit_reference.ReferenceFit, float]) -> None:
     ref, seconds = reference
     a = ref.fit.allocator
     assert (a.sequential, a.pipelined, a.logits, a.floor_bytes) == (
@@ -85,10 +85,10 @@ def test_every_profile_uses_the_fitted_constants() -> None:
 
 
 def test_the_rendered_module_holds_the_fitted_values(
-        reference: tuple[fit.ReferenceFit, float]) -> None:
+        reference: tuple[fit_reference.ReferenceFit, float]) -> None:
     ref, _ = reference
     namespace: dict[str, object] = {}
-    exec(compile(fit.render_constants(ref, "2000-01-01"), "fitted_constants.py", "exec"), namespace)
+    exec(compile(fit_reference.render_constants(ref, "2000-01-01"), "fitted_constants.py", "exec"), namespace)
     a = ref.fit.allocator
     assert (namespace["FRAG_SEQUENTIAL"], namespace["FRAG_PIPELINED"], namespace["FRAG_LOGITS"],
             namespace["RESERVED_FLOOR_BYTES"], namespace["RESERVED_BAND"]) == (
@@ -100,14 +100,14 @@ def test_the_rendered_module_holds_the_fitted_values(
 
 
 def test_the_chosen_point_meets_the_constraints_and_is_the_grid_minimum(
-        reference: tuple[fit.ReferenceFit, float], refdata: Path, playbook: Spec,
+        reference: tuple[fit_reference.ReferenceFit, float], refdata: Path, playbook: Spec,
         full_runs: memcheck.Runs) -> None:
     ref, _ = reference
     f = ref.fit.figures
     assert f.success_kept_frac >= fit.MIN_SUCCESS_KEPT
     assert f.oom_pruned_frac is not None and f.oom_pruned_frac >= fit.MIN_OOM_PRUNED
-    must_fit = fit.llmfoundry_basis(refdata / fit.LLMFOUNDRY_FILE)
-    assert fit.published_fit_frac(must_fit, ref.fit.allocator) == 1.0
+    must_fit = fit_reference.llmfoundry_basis(refdata / fit_reference.LLMFOUNDRY_FILE)
+    assert fit_reference.published_fit_frac(must_fit, ref.fit.allocator) == 1.0
     # a neighbour on every axis that also meets the constraints has no smaller mean error
     b = fit.basis(full_runs, playbook)
     a = ref.fit.allocator
@@ -121,7 +121,7 @@ def test_the_chosen_point_meets_the_constraints_and_is_the_grid_minimum(
                 continue
             kept, oom, mean, _, _ = fit._evaluate(b, point[None])
             feasible = kept[0] >= fit.MIN_SUCCESS_KEPT and oom is not None \
-                and oom[0] >= fit.MIN_OOM_PRUNED and fit._kept(must_fit, point[None]).all()
+                and oom[0] >= fit.MIN_OOM_PRUNED and fit.kept_mask(must_fit, point[None]).all()
             if feasible:
                 assert mean[0] >= f.reserved_mean_abs_rel_err, (axis, sign)
 
@@ -190,8 +190,8 @@ def test_leave_one_model_out_needs_two_models(playbook: Spec, full_runs: memchec
 
 def test_cli_cv_prints_in_sample_beside_cross_validated(
         refdata: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    spec = str(repo_root / fit.SPEC_FILE)
-    assert main(["memory-check", str(refdata / fit.RUNS_FILE), "--spec", spec, "--cv", "model",
+    spec = str(repo_root / fit_reference.SPEC_FILE)
+    assert main(["memory-check", str(refdata / fit_reference.RUNS_FILE), "--spec", spec, "--cv", "model",
                  "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["cv"] == "model" and data["objective"] == fit.OBJECTIVE
@@ -199,7 +199,7 @@ def test_cli_cv_prints_in_sample_beside_cross_validated(
     assert [fold["held_out"] for fold in data["folds"]] == ["playbook-1b", "playbook-8b"]
     assert set(data["targets"]) == set(fit.TARGETS)
     published = data["published_fit_frac"]
-    assert set(published) == set(fit.PUBLISHED)
+    assert set(published) == set(fit_reference.PUBLISHED)
     for fracs in published.values():
         assert list(fracs) == ["in-sample", "without playbook-1b", "without playbook-8b",
                                "this table alone"]
@@ -210,7 +210,7 @@ def test_cli_cv_text_and_a_file_with_one_model(
         refdata: Path, repo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
 
-    spec = str(repo_root / fit.SPEC_FILE)
+    spec = str(repo_root / fit_reference.SPEC_FILE)
     assert main(["memory-check", str(refdata / "playbook_runs_1B_8B.csv"), "--spec", spec,
                  "--cv", "model"]) == 0
     printed = capsys.readouterr().out
@@ -223,18 +223,18 @@ def test_cli_cv_text_and_a_file_with_one_model(
     assert "two models or more" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, rows", [(fit.LLMFOUNDRY_FILE, 138), (fit.MEGATRON_CORE_FILE, 9),
-                                        (fit.NARAYANAN_FILE, 10)])
+@pytest.mark.parametrize("name, rows", [(fit_reference.LLMFOUNDRY_FILE, 138), (fit_reference.MEGATRON_CORE_FILE, 9),
+                                        (fit_reference.NARAYANAN_FILE, 10)])
 def test_published_configurations_fit_under_every_fold(
         name: str, rows: int, refdata: Path, cv: fit.CrossValidation) -> None:
     """They ran, so they fit: under the committed constants and under each fold's. The Megatron
     tables are never fitted on; llm-foundry is the fit's constraint (tests/test_memory.py checks
     the same rows through `sweep.memory.estimate`)."""
-    b = fit.published_bases(refdata)[name]
+    b = fit_reference.published_bases(refdata)[name]
     assert len(b.model) == rows
-    assert fit.published_fit_frac(b, cv.in_sample_allocator) == 1.0
+    assert fit_reference.published_fit_frac(b, cv.in_sample_allocator) == 1.0
     for fold in cv.folds:
-        assert fit.published_fit_frac(b, fold.allocator) == 1.0, fold.held_out
+        assert fit_reference.published_fit_frac(b, fold.allocator) == 1.0, fold.held_out
 
 
 # ------------------------------------------------------------------ the interval (no reference data)

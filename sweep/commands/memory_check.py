@@ -11,7 +11,7 @@ has them) on the other models' runs only, and scores the model left out with the
 fields of `sweep.memcheck.FIELDS` in-sample (the spec's constants) beside cross-validated, pooled
 over every model (each run scored by the fold that left it out, against the issue's targets,
 `sweep.fit.TARGETS`) and per fold; the band of the held-out error; and, for each published table
-of `sweep.fit.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
+of `sweep.fit_reference.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
 the share predicted to fit under the in-sample constants, each fold's, and constants fitted on
 this runs file alone (without the llm-foundry constraint: that table held out too).
 """
@@ -23,7 +23,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from sweep import fit, memcheck
+from sweep import fit, fit_reference, memcheck
 from sweep.cli import UserError
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
@@ -59,8 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> int:
-    published = fit.published_bases(refdata_dir())
-    must_fit = published.get(fit.LLMFOUNDRY_FILE)
+    published = fit_reference.published_bases(refdata_dir())
+    must_fit = published.get(fit_reference.LLMFOUNDRY_FILE)
     try:
         cv = fit.cross_validate(runs, spec, must_fit=must_fit)
         # the published configurations held out too: constants fitted on this table alone
@@ -70,7 +70,7 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     columns = {"in-sample": cv.in_sample_allocator,
                **{f"without {fold.held_out}": fold.allocator for fold in cv.folds},
                "this table alone": alone}
-    published_fit = {name: {column: fit.published_fit_frac(b, a) for column, a in columns.items()}
+    published_fit = {name: {column: fit_reference.published_fit_frac(b, a) for column, a in columns.items()}
                      for name, b in published.items()}
     targets = {name: {"target": f"{op} {bound}",
                       "met": fit.meets(getattr(cv.cross_validated, name), op, bound)}
@@ -81,7 +81,7 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
                           "published_fit_frac": published_fit}))
         return 0
     constraint = "" if must_fit is not None else (
-        f" (without the published llm-foundry constraint: no {fit.LLMFOUNDRY_FILE} in "
+        f" (without the published llm-foundry constraint: no {fit_reference.LLMFOUNDRY_FILE} in "
         f"{refdata_dir()})")
     print(f"{args.runs} ({runs.format} format) against {args.spec} ({spec.framework}), leave one "
           "model out: the allocator constants refitted on the other models' runs, by the objective "
