@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibrate import error_summary, fit, relative_errors, stale_pipeline_runs
-from sweep.economy import Params, Replay, normalise_runs, score, search
+from sweep.economy import Params, score, search
+from sweep.replay_tables import Replay, normalise_runs
 from sweep.throughput import Coefficients, Workload
 
 

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from sweep.catalog import get_gpu, get_model
-from sweep.economy import OomRules, Params, memory_components, replay_table, score, search
+from sweep.economy import OomRules, Params, memory_components, score, search
+from sweep.replay_tables import replay_table
 from sweep.throughput import Coefficients, Workload, predict
 
 H100 = get_gpu("h100-sxm")

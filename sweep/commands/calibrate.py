@@ -28,7 +28,7 @@ from sweep.calibrate import (
     workloads_for,
 )
 from sweep.cli import UserError
-from sweep.economy import normalise_runs
+from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text
 from sweep.throughput import Coefficients, Workload

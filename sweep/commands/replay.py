@@ -30,7 +30,8 @@ from sweep.calibrate import model_names_for, workloads_for
 from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, read_runs
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
-from sweep.economy import STRATEGIES, Params, Replay, normalise_runs, replay_table, score, search
+from sweep.economy import STRATEGIES, Params, score, search
+from sweep.replay_tables import Replay, normalise_runs, replay_table
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients, Workload
 
