@@ -6,7 +6,6 @@ module reads the reference data's files for it.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -31,6 +30,7 @@ from sweep.fit import (
 from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, MiB, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
+from sweep.state import file_sha256
 
 # Published configurations that ran: they must fit ----------------------------------------------
 #
@@ -181,14 +181,6 @@ SPEC_FILE: Final = "examples/playbook.yaml"
 CONSTANTS_MODULE: Final = "sweep/fitted_constants.py"
 
 
-def sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 @dataclass(frozen=True)
 class ReferenceFit:
     """What `sweep/fitted_constants.py` commits: the constants, the band, and their provenance
@@ -213,8 +205,8 @@ def fit_reference(refdata: str | Path, spec: Spec) -> ReferenceFit:
         "script": "scripts/fit_memory.py",
         "function": "sweep.fit_reference.fit_reference",
         "objective": OBJECTIVE,
-        "data": {RUNS_FILE: sha256(refdata / RUNS_FILE),
-                 LLMFOUNDRY_FILE: sha256(refdata / LLMFOUNDRY_FILE)},
+        "data": {RUNS_FILE: file_sha256(refdata / RUNS_FILE),
+                 LLMFOUNDRY_FILE: file_sha256(refdata / LLMFOUNDRY_FILE)},
         "spec": SPEC_FILE,
         "grid": GRID.describe(),
         **result.to_dict(),

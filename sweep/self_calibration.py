@@ -37,7 +37,6 @@ Pure, except `read_attempts` and `calibrate`, which read the runs file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ import pandas as pd
 
 from sweep import memory, space
 from sweep.spec import Spec
+from sweep.state import file_sha256
 
 CALIBRATION_FILE: Final = "calibration.json"
 OUTCOMES: Final = ("completed", "oom")
@@ -115,14 +115,6 @@ class Calibration:
 
 
 # Reading ------------------------------------------------------------------------------------------
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def read_attempts(path: Path) -> pd.DataFrame:
     """runs.parquet as `sweep collect` writes it, or a CalibrationError that names the file."""

@@ -46,6 +46,15 @@ TIME_PATTERN = re.compile(r"^(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})$|^(\d+)$")
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 SlurmValue = Annotated[str, Field(pattern=SLURM_VALUE_PATTERN)]
 PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def _slurm_time(value: str) -> str:
+    if not TIME_PATTERN.match(value):
+        raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
+    return value
+
+
+SlurmTime = Annotated[str, AfterValidator(_slurm_time)]  # a --time value
 Auto = Literal["auto"]
 NOT_HASHED = {"driver", "max_gpu_hours"}  # Spec fields that do not change any run
 
@@ -165,7 +174,7 @@ class RunSettings(_Strict):
 
     steps: PositiveInt = 10
     warmup_steps: Annotated[int, Field(ge=0)] = 3
-    time_limit: str = "00:20:00"
+    time_limit: SlurmTime = "00:20:00"
     startup_timeout_s: PositiveInt = 600
     hang_timeout_s: PositiveInt = 300
     signal_before_s: PositiveInt = 120
@@ -221,13 +230,6 @@ class RunSettings(_Strict):
             data.pop("early_stop", None)
         return data
 
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str) -> str:
-        if not TIME_PATTERN.match(value):
-            raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
-        return value
-
     @field_validator("framework_dir", "python", "container_image")
     @classmethod
     def _safe_path(cls, value: str | None) -> str | None:
@@ -279,19 +281,12 @@ class DriverSettings(_Strict):
     partition: SlurmValue | None = None  # default: the cluster's default partition
     account: SlurmValue | None = None
     qos: SlurmValue | None = None
-    time_limit: str = "04:00:00"
+    time_limit: SlurmTime = "04:00:00"
     mem: SlurmValue = "2G"
     cpus: PositiveInt = 1
     # Seconds before the time limit that Slurm signals the driver to checkpoint and requeue
     # (Slurm may send it up to 60 s early).
     signal_before_s: PositiveInt = 90
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str) -> str:
-        if not TIME_PATTERN.match(value):
-            raise ValueError("use Slurm's format: minutes, HH:MM:SS or D-HH:MM:SS")
-        return value
 
     @property
     def time_limit_s(self) -> int:

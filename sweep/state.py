@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -163,3 +164,12 @@ def exclusive_lock(path: str | Path, wait_s: float = 0.0,
                 waiting = True
                 time.sleep(0.2)
         yield handle
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks: the provenance of fitted values."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -28,6 +28,7 @@ from sweep.memory_profiles import (
     reserved_interval,
 )
 from sweep.spec import Spec, load_spec
+from sweep.state import file_sha256
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +58,7 @@ def cv(refdata: Path, playbook: Spec, full_runs: memcheck.Runs) -> fit.CrossVali
 
 def test_the_data_is_the_data_the_constants_were_fitted_on(refdata: Path) -> None:
     for name, digest in fitted_constants.PROVENANCE["data"].items():
-        assert fit_reference.sha256(refdata / name) == digest, (
+        assert file_sha256(refdata / name) == digest, (
             f"{name} is not the file the committed constants were fitted on: "
             "rerun scripts/fit_memory.py if the reference data changed on purpose")
 

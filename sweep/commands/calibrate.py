@@ -30,7 +30,7 @@ from sweep.calibrate import (
 from sweep.cli import UserError
 from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
-from sweep.state import atomic_write_text
+from sweep.state import atomic_write_text, file_sha256
 from sweep.throughput import Coefficients, Workload
 
 COEFFICIENTS_FILE = "throughput.json"
@@ -79,16 +79,6 @@ def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Wo
     rows = rows[rows.model.notna() & (rows.status == "completed")
                 & (rows.tokens_per_s_per_gpu > 0)]
     return [(name, group, workloads[name]) for name, group in rows.groupby("model")]
-
-
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def coefficients_payload(result: Fit, source: Path, spec: Spec,

@@ -248,7 +248,7 @@ def test_a_first_round_on_the_local_backend_recalibrates_and_keeps_what_the_prio
     assert (newly["dp"], newly["tp"], newly["pp"]) == (2, 1, 1) and newly["run_id"]
 
     record = json.loads((out / "calibration.json").read_text())
-    from sweep.self_calibration import file_sha256
+    from sweep.state import file_sha256
     assert record["source_sha256"] == file_sha256(out / "runs.parquet")
     memory = record["memory"]
     assert (memory["n_completed"], memory["n_oom"], memory["bound_by"]) == (2, 0, "measured peaks")
