@@ -264,7 +264,7 @@ SHARED_TABLES = ("playbook_bench_full_1B_8B.csv", "playbook_runs_1B_8B.csv")
 
 def published_rows(refdata, name: str) -> pd.DataFrame:
     """Every row of a shared table (repeats and pre-fix pipeline runs included), normalised."""
-    from sweep.economy import normalise_runs
+    from sweep.replay_tables import normalise_runs
 
     rows = normalise_runs(pd.read_csv(refdata / name), name, WORKLOADS)
     rows["model"] = rows.model.astype(str).map(lambda m: PLAYBOOK_LABELS.get(m, m))
