@@ -15,11 +15,12 @@ Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import pandas as pd
 
-from sweep import catalog
+from sweep import catalog, space
 from sweep.spec import Spec
 from sweep.throughput import FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features, predict
 
@@ -181,5 +182,18 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
-__all__ = ["stale_pipeline_runs", "error_summary", "predict_plan", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")
+
+
+def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
+                     ) -> pd.DataFrame:
+    """The plan with the throughput model's step time, tokens/s/GPU and MFU on every kept row
+    (NaN on pruned rows, and MFU on a device without a catalogue peak)."""
+    kept = frame["status"] == space.KEPT
+    predicted = predict_plan(frame[kept], spec, coefficients)
+    return frame.assign(**{name: predicted[name].reindex(frame.index).astype("float64")
+                           for name in PREDICTIONS})
+
+
+__all__ = ["stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

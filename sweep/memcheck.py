@@ -42,7 +42,8 @@ FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", 
                        "status", "Mem Alloc (GB)", "Mem Res (GB)", "tok/s/gpu", "num_layers",
                        "hidden_size", "num_heads", "vocab_size")
 FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
-                 "oom_pruned_frac", "failed_pruned_frac", "alloc_median_abs_rel_err",
+                 "oom_pruned_frac", "failed_pruned_frac", "success_probed_frac",
+                 "success_lost_frac", "oom_probed_frac", "alloc_median_abs_rel_err",
                  "alloc_p90_abs_rel_err", "reserved_median_abs_rel_err",
                  "reserved_p90_abs_rel_err", "best_kept")
 
@@ -67,9 +68,14 @@ class MemoryCheck:
     n_other: int | None
     n_failed: int
     n_skipped: int
-    success_kept_frac: float | None
-    oom_pruned_frac: float | None
+    success_kept_frac: float | None  # kept by the point estimate
+    oom_pruned_frac: float | None  # pruned by the point estimate
     failed_pruned_frac: float | None
+    # With the band (`sweep.space.memory_over`): the successes and OOMs the point estimate prunes
+    # but the band keeps as probes, and the successes pruned even so (lost without a probe).
+    success_probed_frac: float | None
+    success_lost_frac: float | None
+    oom_probed_frac: float | None
     alloc_median_abs_rel_err: float | None
     alloc_p90_abs_rel_err: float | None
     reserved_median_abs_rel_err: float | None
@@ -213,16 +219,22 @@ def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
 
 
 def _evaluate_with(columns: dict[str, np.ndarray], ctx: space.RuleContext,
-                   profile: MemoryProfile) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """`space.evaluate(..., skip={batch}, memory_for_all=True)` under another memory profile (the
-    allocator constants of a fit): the rules before memory as the planner runs them, then the
-    memory rule as `space.evaluate` applies it, on this profile's estimate."""
+                   profile: MemoryProfile | str) -> tuple[np.ndarray, np.ndarray]:
+    """The planner's verdict on each run, under `profile` (the spec framework's, or the allocator
+    constants of a fit): the rules before memory as the planner runs them, then the memory rule
+    as `space.evaluate` applies it, on this profile's estimate of the most loaded stage. Returns
+    the rule codes of the point estimate (`ctx.memory_probes` off) and which runs the memory
+    band would keep as probes (pruned by memory, the band's low end under the budget)."""
     code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch", "memory"}))
+    probed = np.zeros(len(code), bool)
     mem = _estimate(columns, ctx, profile, "most_loaded")
     if ctx.memory_budget_bytes is not None and mem:
-        over = (mem["mem_total_bytes"] > ctx.memory_budget_bytes) & (columns["grad_acc"] >= 1)
+        estimated = columns["grad_acc"] >= 1
+        over = space.memory_over(mem, ctx.memory_budget_bytes, probes=False) & estimated
+        beyond_band = space.memory_over(mem, ctx.memory_budget_bytes, probes=True)
+        probed = (code == -1) & over & ~beyond_band
         code[(code == -1) & over] = space.RULE_NAMES.index("memory")
-    return code, mem
+    return code, probed
 
 
 def _estimate(columns: dict[str, np.ndarray], ctx: space.RuleContext, profile: MemoryProfile | str,
@@ -251,6 +263,7 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
     `sweep.fit` passes to score allocator constants fitted on other runs)."""
     frame = runs.frame.copy()
     frame["kept"] = False
+    frame["probed"] = False
     frame["prune_rule"] = None
     frame["pred_alloc_bytes"] = np.nan
     frame["pred_reserved_bytes"] = np.nan
@@ -258,13 +271,10 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
         model = next(m for m in spec.model_shapes if m.name == name)
         columns = layout_columns(group, spec)
         ctx = space.RuleContext.from_spec(spec, model)
-        profile: MemoryProfile | str = ctx.framework
-        if allocator is None:
-            code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch"}))
-        else:
-            profile = allocator
-            code, _ = _evaluate_with(columns, ctx, allocator)
+        profile: MemoryProfile | str = ctx.framework if allocator is None else allocator
+        code, probed = _evaluate_with(columns, ctx, profile)
         frame.loc[group.index, "kept"] = code < 0
+        frame.loc[group.index, "probed"] = probed
         frame.loc[group.index, "prune_rule"] = [None if c < 0 else space.RULE_NAMES[c]
                                                 for c in code]
         rank0 = _estimate(columns, ctx, profile, "first")
@@ -303,6 +313,9 @@ def score_judged(judged: pd.DataFrame, fmt: str, n_skipped: int = 0) -> MemoryCh
         success_kept_frac=_mean(judged.loc[success, "kept"]),
         oom_pruned_frac=_mean(~judged.loc[oom, "kept"]) if full else None,
         failed_pruned_frac=_mean(~judged.loc[failed, "kept"]),
+        success_probed_frac=_mean(judged.loc[success, "probed"]),
+        success_lost_frac=_mean(~(judged.loc[success, "kept"] | judged.loc[success, "probed"])),
+        oom_probed_frac=_mean(judged.loc[oom, "probed"]) if full else None,
         alloc_median_abs_rel_err=_quantile(alloc, 0.5) if full else None,
         alloc_p90_abs_rel_err=_quantile(alloc, 0.9) if full else None,
         reserved_median_abs_rel_err=_quantile(reserved, 0.5),

@@ -260,7 +260,9 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
     Only candidates the memory rule decided (status kept or pruned:memory: they passed every
     earlier rule) can change. Their allocator-side bytes (every mem_* column but the overhead)
     are scaled by `factor`, the total is the scaled reserved peak plus the overhead, the prior
-    total is kept in `mem_prior_total_bytes`, and a candidate newly kept gets its run id.
+    total is kept in `mem_prior_total_bytes`, and a candidate newly kept gets its run id. The
+    rule is the planner's (`sweep.space.memory_over`), band and probes included: the factor
+    corrects the point estimate, it does not make it certain.
     Scaling the reserved peak of both pipeline stages keeps the same stage the most loaded:
     both carry the same overhead.
     """
@@ -277,7 +279,11 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
     out.loc[judged, "mem_total_bytes"] = total[judged]
     out[PRIOR_TOTAL] = prior_total
     budget = space.RuleContext.from_spec(spec, spec.model_shapes[0]).memory_budget_bytes
-    over = judged & (out["mem_total_bytes"] > budget) if budget is not None else judged & False
+    over = judged & False
+    if budget is not None:
+        mem = {c: out[c].astype("float64").to_numpy() for c in
+               ("mem_total_bytes", "mem_reserved_bytes", "mem_overhead_bytes")}
+        over = judged & space.memory_over(mem, budget, probes=spec.constraints.memory_probes)
     was = out["status"].astype(str)
     out.loc[judged & over, "status"] = memory_rule
     out.loc[judged & ~over, "status"] = space.KEPT
@@ -289,6 +295,7 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
         run_ids[newly_kept] = space.run_ids(spec, out[newly_kept])
     run_ids[judged & over] = None
     out["run_id"] = pd.array(run_ids.tolist(), dtype=frame["run_id"].dtype)
+    out["probe"] = space.is_probe(out, budget)
     return out
 
 

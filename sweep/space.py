@@ -8,7 +8,9 @@ parallelism splits each sequence over cp ranks instead of adding a replica.
 
 Every candidate stays in the plan. `PRUNE_RULES` run in their fixed order and a candidate's
 status is `kept` or `pruned:<first rule it fails>`. Everything is vectorised with numpy: a rule is
-one boolean expression over whole columns, so a million candidates take about a second.
+one boolean expression over whole columns, so a million candidates take about a second. The memory
+rule prunes only what its error band puts wholly over the limit; a kept candidate whose point
+estimate is over it is a *probe* (column `probe`; `memory_over`).
 
 Two choices keep the plan free of duplicate runs: at tp = 1 sequence parallelism changes
 nothing, so such a layout appears once, recorded as sp = False (frameworks reject or ignore SP
@@ -33,11 +35,13 @@ from typing import Final
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+from numpy.typing import ArrayLike
 
 from sweep import memory
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.layout import Layout
+from sweep.memory_profiles import reserved_interval
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import Spec
@@ -76,7 +80,9 @@ PRUNE_RULES: Final = (
                            "capabilities.py); `prune_detail` gives the rule and the framework's "
                            "reason"),
     PruneRule("memory", "the memory model's total for the most loaded GPU exceeds its memory "
-                        "× (1 − constraints.memory_headroom)"),
+                        "× (1 − constraints.memory_headroom), and so does the low end of its "
+                        "left-out error band (inside the band the run is kept as a probe; "
+                        "constraints.memory_probes: false prunes on the point estimate)"),
 )
 RULE_NAMES: Final = tuple(rule.name for rule in PRUNE_RULES)
 KEPT: Final = "kept"
@@ -109,6 +115,7 @@ class RuleContext:
     max_mbs: int = 64
     allow_tp_across_nodes: bool = False
     memory_budget_bytes: int | None = None  # None: no memory rule (no fixed ceiling)
+    memory_probes: bool = True  # keep what the memory band straddles as a probe (`memory_over`)
     framework_version: str = ""  # "": the adapter's default version
     overlap_communication: bool = True
     tp_comm_overlap: bool = False
@@ -126,6 +133,7 @@ class RuleContext:
                    max_mbs=spec.constraints.max_mbs,
                    allow_tp_across_nodes=spec.constraints.allow_tp_across_nodes,
                    memory_budget_bytes=budget,
+                   memory_probes=spec.constraints.memory_probes,
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
                    tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu)
@@ -238,9 +246,37 @@ def evaluate(columns: Mapping[str, np.ndarray], ctx: RuleContext,
             full[wanted] = values
             mem[key] = full
     if ctx.memory_budget_bytes is not None and "memory" not in skip and mem:
-        over = mem["mem_total_bytes"] > ctx.memory_budget_bytes
+        over = memory_over(mem, ctx.memory_budget_bytes, probes=ctx.memory_probes)
         code[(code == -1) & wanted & over] = RULE_NAMES.index("memory")
     return code, mem
+
+
+def memory_over(mem: Mapping[str, ArrayLike], budget: int, probes: bool = True) -> np.ndarray:
+    """Which candidates the memory rule prunes, from the memory model's columns.
+
+    The point estimate (`mem_total_bytes`) is over the budget, and, with `probes`, so is the low
+    end of its band: the reserved peak's left-out error (`reserved_interval`; the CUDA/NCCL
+    overhead outside the allocator is added as predicted). A candidate the band puts on both
+    sides of the limit is not pruned: the model cannot tell, so the run is kept as a *probe*
+    (`is_probe`), and its outcome decides it and, through the OOM proof of `sweep.economy`, its
+    neighbours. Why the band and not a larger headroom: the error is a share of the allocator's
+    bytes, not of the GPU, and it was measured on models the constants were not fitted on.
+    """
+    total = np.asarray(mem["mem_total_bytes"], dtype=np.float64)
+    over = total > budget
+    if probes:
+        low, _ = reserved_interval(mem["mem_reserved_bytes"], fixed_bytes=mem["mem_overhead_bytes"])
+        over &= low > budget
+    return over
+
+
+def is_probe(frame: pd.DataFrame, budget: int | None) -> np.ndarray:
+    """Kept candidates whose point estimate is over the budget: kept only because the band of
+    `memory_over` reaches under it. Their run is the probe."""
+    if budget is None or "mem_total_bytes" not in frame:
+        return np.zeros(len(frame), bool)
+    total = pd.to_numeric(frame["mem_total_bytes"], errors="coerce").to_numpy(np.float64)
+    return ((frame["status"].astype(str) == KEPT).to_numpy() & (total > budget))
 
 
 # Enumeration ------------------------------------------------------------------------------------
@@ -364,9 +400,12 @@ def plan(spec: Spec) -> pd.DataFrame:
             if by_framework.any():
                 detail[by_framework] = capability_details(
                     {k: v[by_framework] for k, v in candidates.items()}, ctx)
-            parts.append({**candidates, "code": code, **mem, "detail": detail,
-                          "model": np.full(len(code), m_index, dtype=np.int16)})
             kept = code == -1
+            probe = np.zeros(len(code), bool)
+            if ctx.memory_budget_bytes is not None and "mem_total_bytes" in mem:
+                probe = kept & (mem["mem_total_bytes"] > ctx.memory_budget_bytes)
+            parts.append({**candidates, "code": code, **mem, "detail": detail, "probe": probe,
+                          "model": np.full(len(code), m_index, dtype=np.int16)})
             ids += chunk_run_ids(spec, model, nodes, {k: v[kept] for k, v in candidates.items()})
 
     def joined(key: str) -> np.ndarray:
@@ -387,6 +426,7 @@ def plan(spec: Spec) -> pd.DataFrame:
     columns["status"] = pd.Categorical.from_codes(code + 1, categories=STATUSES)
     columns["prune_rule"] = pd.Categorical.from_codes(code, categories=RULE_NAMES)
     columns["prune_detail"] = pd.Categorical(joined("detail"))
+    columns["probe"] = joined("probe")
     for key in dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")):
         values = np.concatenate([p.get(key, np.full(len(p["code"]), -1, np.int64))
                                  for p in parts])

@@ -167,6 +167,10 @@ class Constraints(_Strict):
     max_pp: PositiveInt | None = None
     max_mbs: PositiveInt = 64
     memory_headroom: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.0  # fraction of GPU memory kept free
+    # Keep (as a probe) a candidate the memory model's point estimate puts over the limit when its
+    # left-out error band reaches under it (sweep.space.memory_over); false: the point estimate
+    # decides alone.
+    memory_probes: bool = True
 
 
 class RunSettings(_Strict):

@@ -174,6 +174,19 @@ def test_the_issue_targets_hold_on_the_model_left_out(cv: fit.CrossValidation) -
         assert fit.meets(getattr(held, name), op, bound), (name, getattr(held, name), op, bound)
 
 
+def test_with_probes_no_more_than_half_a_percent_of_successes_is_pruned_on_a_model_left_out(
+        cv: fit.CrossValidation) -> None:
+    """The band keeps what it straddles as a probe: a successful run is lost only when even the
+    band's low end is over the limit. The cost is the OOMs probed (each a run that fails at its
+    first step)."""
+    held = cv.cross_validated
+    assert held.success_lost_frac is not None and held.success_lost_frac <= 0.005
+    assert held.success_kept_frac is not None and held.success_probed_frac is not None
+    assert held.success_kept_frac + held.success_probed_frac + held.success_lost_frac == \
+        pytest.approx(1.0)
+    assert held.oom_probed_frac is not None and 0 < held.oom_probed_frac < 0.25
+
+
 def test_the_band_covers_ninety_percent_of_held_out_runs(cv: fit.CrossValidation,
                                                          full_runs: memcheck.Runs) -> None:
     lo, hi = cv.band()

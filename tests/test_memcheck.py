@@ -158,6 +158,8 @@ def test_peaks_are_predicted_for_rank_0_and_the_verdict_for_the_most_loaded_stag
         refdata: Path, playbook: Spec) -> None:
     """Both tables measured rank 0, the first pipeline stage: its peaks are compared with the
     first stage's prediction, while the planner's verdict weighs the most loaded stage."""
+    import dataclasses
+
     import numpy as np
 
     from sweep import memory, space
@@ -173,5 +175,9 @@ def test_peaks_are_predicted_for_rank_0_and_the_verdict_for_the_most_loaded_stag
                      for stage in ("first", "most_loaded"))
     assert np.array_equal(group["pred_reserved_bytes"].to_numpy(), first["mem_reserved_bytes"])
     assert (first["mem_reserved_bytes"] != loaded["mem_reserved_bytes"]).any()
-    code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch"}))
+    point = dataclasses.replace(ctx, memory_probes=False)
+    code, _ = space.evaluate(columns, point, skip=frozenset({"batch"}))
     assert np.array_equal(group["kept"].to_numpy(bool), code < 0)
+    code, _ = space.evaluate(columns, ctx, skip=frozenset({"batch"}))  # the band: probes kept
+    assert np.array_equal((group["kept"] | group["probed"]).to_numpy(bool), code < 0)
+    assert group["probed"].any()

@@ -86,6 +86,8 @@ def test_an_attempt_under_its_own_cap_or_without_a_limit_bounds_nothing() -> Non
 def spec_path(tmp_path: Path) -> Path:
     spec = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
     spec.update(gpu_memory_gb=1.08, models=["tiny-4l"], nodes=[1], overrides=[])
+    # the point estimate decides here (DP2 sits inside the memory band: with probes it is kept)
+    spec["constraints"] = {**spec.get("constraints", {}), "memory_probes": False}
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -131,6 +133,20 @@ def test_no_usable_attempt_is_refused_naming_the_file_and_the_fix(
     table.drop(columns=["mem_source"]).to_parquet(path)
     with pytest.raises(CalibrationError, match=r"no column\(s\) \['mem_source'\]"):
         calibrate(path, spec)
+
+
+def test_a_replan_applies_the_band_and_marks_its_probes_again(spec_path: Path,
+                                                              tmp_path: Path) -> None:
+    text = yaml.safe_load(spec_path.read_text())
+    text["constraints"]["memory_probes"] = True
+    (tmp_path / "probes.yaml").write_text(yaml.safe_dump(text))
+    spec = load_spec(tmp_path / "probes.yaml")
+    prior = space.plan(spec)
+    assert (prior["status"] == space.KEPT).all() and prior["probe"].sum() == 1  # DP2
+    same = replan(prior, spec, 1.0)
+    assert same["probe"].tolist() == prior["probe"].tolist()
+    assert not replan(prior, spec, 0.5)["probe"].any()  # measured far below: no doubt left
+    assert (replan(prior, spec, 3.0)["status"] == "pruned:memory").all()
 
 
 def test_measured_peaks_far_below_the_prior_keep_what_the_prior_pruned(

@@ -13,6 +13,7 @@ import pytest
 from sweep import space
 from sweep.catalog import get_model
 from sweep.layout import Layout
+from sweep.memory_profiles import reserved_interval
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import parse_spec
@@ -224,12 +225,46 @@ def test_every_candidate_stays_with_its_status(small_plan: pd.DataFrame) -> None
     assert (counts.nunique(axis=1) == 1).all()  # every model sees the same candidates
 
 
-def test_kept_rows_fit_the_gpu(small_plan: pd.DataFrame) -> None:
+def test_kept_rows_fit_the_gpu_or_are_probes_the_band_says_may_fit(
+        small_plan: pd.DataFrame) -> None:
     budget = spec_from().gpu_spec.memory_bytes
     kept = small_plan[small_plan.status == "kept"]
-    assert (kept.mem_total_bytes <= budget).all()
+    sure = kept[~kept.probe]
+    assert (sure.mem_total_bytes <= budget).all()
+    probes = kept[kept.probe]
+    assert len(probes) and (probes.mem_total_bytes > budget).all()
+    low, _ = reserved_interval(probes.mem_reserved_bytes.to_numpy(float),
+                               fixed_bytes=probes.mem_overhead_bytes.to_numpy(float))
+    assert (low <= budget).all()
     over = small_plan[small_plan.status == "pruned:memory"]
-    assert len(over) and (over.mem_total_bytes > budget).all()
+    low, _ = reserved_interval(over.mem_reserved_bytes.to_numpy(float),
+                               fixed_bytes=over.mem_overhead_bytes.to_numpy(float))
+    assert len(over) and (low > budget).all()
+    assert not small_plan.loc[small_plan.status != "kept", "probe"].any()
+
+
+def test_memory_probes_off_prunes_on_the_point_estimate() -> None:
+    plan = space.plan(spec_from(SMALL + "constraints: {memory_probes: false}\n"))
+    budget = spec_from().gpu_spec.memory_bytes
+    assert not plan.probe.any()
+    assert (plan.loc[plan.status == "kept", "mem_total_bytes"] <= budget).all()
+    with_probes = space.plan(spec_from())
+    assert (with_probes.status == "kept").sum() == \
+        (plan.status == "kept").sum() + with_probes.probe.sum()
+
+
+def test_the_memory_rule_prunes_only_what_its_band_puts_over_the_limit() -> None:
+    """Band −32 % .. +16 % of the prediction: a reserved peak predicted at 1.1 GiB may measure
+    0.95 GiB (fits 1 GiB), one at 1.3 GiB no less than 1.125 GiB."""
+    gib = 2**30
+    mem = {"mem_reserved_bytes": np.array([0.9, 1.1, 1.3]) * gib,
+           "mem_overhead_bytes": np.zeros(3)}
+    mem["mem_total_bytes"] = mem["mem_reserved_bytes"]
+    assert space.memory_over(mem, gib).tolist() == [False, False, True]
+    assert space.memory_over(mem, gib, probes=False).tolist() == [False, True, True]
+    with_overhead = {**mem, "mem_overhead_bytes": np.full(3, 0.1 * gib),
+                     "mem_total_bytes": mem["mem_reserved_bytes"] + 0.1 * gib}
+    assert space.memory_over(with_overhead, gib).tolist() == [False, True, True]
 
 
 def test_run_ids_are_those_of_run_config(small_plan: pd.DataFrame) -> None:

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, self_calibration, space
-from sweep.calibrate import fit, predict_plan
+from sweep.calibrate import fit, with_predictions
 from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
@@ -97,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(candidates_table(frame))
     for line in framework_prunes(spec, frame):
         console.print(line, highlight=False, soft_wrap=True)
-    near = near_the_limit(frame, spec)
-    if near is not None:
-        console.print(near.describe(), highlight=False, soft_wrap=True)
+    verdicts = memory_verdicts(frame, spec)
+    if verdicts is not None:
+        console.print(verdicts.describe(), highlight=False, soft_wrap=True)
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
@@ -111,23 +111,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 @dataclass(frozen=True)
-class NearTheLimit:
-    """Candidates whose memory verdict the model's uncertainty could flip."""
+class MemoryVerdicts:
+    """What the memory rule decided, and where its uncertainty band could flip the verdict."""
 
-    pruned_could_fit: int  # pruned by the point estimate, the band reaches under the budget
-    kept_could_oom: int  # kept by the point estimate, the band reaches over it
+    kept_with_room: int  # the band's high end is under the budget
+    kept_could_oom: int  # the point estimate fits, the band's high end does not
+    probes: int  # the point estimate is over, the band's low end under: kept, the run decides
+    pruned: int  # pruned:memory (with probes on, the band's low end is over too)
+    pruned_could_fit: int  # pruned although the band reaches under (only with probes off)
     band: tuple[float, float]
 
     def describe(self) -> str:
         low, high = self.band
-        return (f"memory near the limit (the reserved peak's left-out error, {low:+.0%} .. "
-                f"{high:+.0%}): {self.pruned_could_fit} candidate(s) pruned by memory could fit, "
-                f"{self.kept_could_oom} kept could run out of memory; the verdict is the point "
-                "estimate's (probing them first is not implemented yet)")
+        text = (f"memory (band: the reserved peak's left-out error, {low:+.0%} .. {high:+.0%}): "
+                f"{self.kept_with_room} kept with room to spare, {self.kept_could_oom} kept "
+                f"that could run out, {self.probes} probe(s) (over the limit by the point "
+                f"estimate, under it by the band: kept, and the run decides), {self.pruned} "
+                "pruned")
+        if self.pruned_could_fit:
+            text += (f", of which {self.pruned_could_fit} could fit (constraints.memory_probes "
+                     "is false: the point estimate decides)")
+        return text
 
 
-def near_the_limit(frame: pd.DataFrame, spec: Spec) -> NearTheLimit | None:
-    """How many memory verdicts lie inside the model's uncertainty band
+def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
+    """Counts of the memory rule's verdicts against the model's uncertainty band
     (sweep.memory_profiles.reserved_interval); None when the GPU has no memory ceiling."""
     budget = spec.gpu_spec.memory_bytes
     if budget is None or "mem_reserved_bytes" not in frame:
@@ -139,8 +147,12 @@ def near_the_limit(frame: pd.DataFrame, spec: Spec) -> NearTheLimit | None:
     low, high = reserved_interval(rows["mem_reserved_bytes"].to_numpy(float),
                                   fixed_bytes=rows["mem_overhead_bytes"].to_numpy(float))
     kept = (rows["status"] == space.KEPT).to_numpy()
-    return NearTheLimit(pruned_could_fit=int(((low <= budget) & ~kept).sum()),
-                        kept_could_oom=int(((high > budget) & kept).sum()), band=RESERVED_BAND)
+    probe = space.is_probe(rows, budget)
+    return MemoryVerdicts(kept_with_room=int((kept & (high <= budget)).sum()),
+                          kept_could_oom=int((kept & ~probe & (high > budget)).sum()),
+                          probes=int(probe.sum()), pruned=int((~kept).sum()),
+                          pruned_could_fit=int(((low <= budget) & ~kept).sum()),
+                          band=RESERVED_BAND)
 
 
 def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, throughput: Coefficients,
@@ -277,19 +289,6 @@ def planned_hash(path: Path) -> str | None:
     return first.removeprefix("# spec_hash: ").strip() if first.startswith("# spec_hash:") else None
 
 
-PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")
-
-
-def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
-                     ) -> pd.DataFrame:
-    """The plan with the throughput model's step time, tokens/s/GPU and MFU on every kept row
-    (NaN on pruned rows, and MFU on a device without a catalogue peak)."""
-    kept = frame["status"] == space.KEPT
-    predicted = predict_plan(frame[kept], spec, coefficients)
-    return frame.assign(**{name: predicted[name].reindex(frame.index).astype("float64")
-                           for name in PREDICTIONS})
-
-
 def _best_predicted(frame: pd.DataFrame) -> pd.DataFrame:
     kept = frame[(frame["status"] == space.KEPT) & frame["pred_tokens_per_s_per_gpu"].notna()]
     return kept.sort_values("pred_tokens_per_s_per_gpu", ascending=False, kind="stable")
@@ -304,15 +303,19 @@ def _percent(value: float) -> str:
 
 
 def summary_table(frame: pd.DataFrame) -> Table:
-    """One row per (model, nodes): candidates, kept, how many each rule pruned, and the kept
-    candidate the throughput model predicts fastest."""
+    """One row per (model, nodes): candidates, kept (and how many of them are memory probes), how
+    many each rule pruned, and the kept candidate the throughput model predicts fastest."""
     counts = (frame.groupby(["model", "nodes", "status"], observed=True).size()
               .unstack("status", fill_value=0))
     rules = [r for r in space.RULE_NAMES if f"pruned:{r}" in counts.columns]
     best = (_best_predicted(frame).groupby(["model", "nodes"], observed=True).head(1)
             .set_index(["model", "nodes"]) if "pred_tokens_per_s_per_gpu" in frame else None)
     table = Table(title="sweep plan: candidates per (model, nodes)")
-    columns = ["model", "nodes", "candidates", "kept", *rules]
+    probes = (frame.assign(_probe=frame["probe"].astype(bool))
+              .groupby(["model", "nodes"], observed=True)["_probe"].sum()
+              if "probe" in frame else None)
+    columns = ["model", "nodes", "candidates", "kept", *(["of them probes"] if probes is not None
+                                                          else []), *rules]
     columns += ["predicted best", "tok/s/GPU", "MFU"] if best is not None else []
     for name in columns:
         table.add_column(name, justify="left" if name in ("model", "predicted best") else "right",
@@ -320,6 +323,7 @@ def summary_table(frame: pd.DataFrame) -> Table:
     for (model, nodes), row in counts.iterrows():
         kept = int(row.get(space.KEPT, 0))
         cells = [str(model), str(nodes), str(int(row.sum())), str(kept),
+                 *([str(int(probes.get((model, nodes), 0)))] if probes is not None else []),
                  *(str(int(row.get(f"pruned:{r}", 0))) for r in rules)]
         if best is not None:
             top = best.loc[(model, nodes)] if (model, nodes) in best.index else None

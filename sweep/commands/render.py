@@ -27,6 +27,14 @@ class Rendered:
     run_dirs: list[Path]  # one per kept plan row, in plan order
     plan_source: str  # where the plan came from, for messages
 
+    @property
+    def counts(self) -> str:
+        """'N run(s)', and how many of them are memory probes (`sweep.space.memory_over`)."""
+        probes = int(self.plan["probe"].sum()) if "probe" in self.plan else 0
+        return f"{len(self.run_dirs)} run(s)" + (
+            f" ({probes} memory probe(s): kept because the memory band reaches under the "
+            "limit; each run decides)" if probes else "")
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", type=Path, help="the sweep spec (YAML)")
@@ -68,7 +76,7 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     rendered = render_sweep(args.spec, args.out, args.plan)
-    print(f"rendered {len(rendered.run_dirs)} run(s) of {len(rendered.plan)} candidate(s) from "
+    print(f"rendered {rendered.counts} of {len(rendered.plan)} candidate(s) from "
           f"{rendered.plan_source} into {rendered.out / 'runs'} in "
           f"{time.perf_counter() - started:.1f} s")
     return 0

@@ -211,13 +211,16 @@ def test_a_plan_that_keeps_nothing_fails_with_the_rules_and_what_to_change(
 REPO = Path(__file__).resolve().parents[2]
 
 
-def calibration_spec(tmp_path: Path) -> Path:
+def calibration_spec(tmp_path: Path, probes: bool = False) -> Path:
     """The demo on one node, tiny-4l only, on a "GPU" of 1.08 GiB: the prior predicts DP2 at
     1132 MiB (too big) and TP2, PP2 at 1071 and 1083 MiB, of which 768 MiB are CUDA context and
-    NCCL buffers and about 300 MiB the allocator; the built-in workload on CPU measures 65-130 MiB."""
+    NCCL buffers and about 300 MiB the allocator; the built-in workload on CPU measures 65-130 MiB.
+    DP2 lies inside the memory band, so with `probes` it is kept as a probe; without, the point
+    estimate prunes it and only a calibration can keep it."""
     spec = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
     spec.update(name="self-calibration", models=["tiny-4l"], nodes=[1], gpu_memory_gb=1.08,
                 overrides=[])
+    spec.setdefault("constraints", {})["memory_probes"] = probes
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -270,6 +273,24 @@ def test_a_first_round_on_the_local_backend_recalibrates_and_keeps_what_the_prio
     assert (second["attempt"] == 1).all() and (second["outcome"] == "completed").all()
 
 
+@pytest.mark.slow  # about 25 s: three real runs of the built-in workload
+def test_a_candidate_inside_the_memory_band_is_run_as_a_probe_and_its_run_decides(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Real processes: the point estimate puts DP2 over the limit, the band under it; it is
+    kept as a probe, runs, and completes (the prior over-predicts the CPU workload)."""
+    spec_path, out = calibration_spec(tmp_path, probes=True), tmp_path / "sweep"
+    assert main(["run", str(spec_path), "--out", str(out), "--no-report"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "3 run(s) (1 memory probe(s): kept because the memory band reaches under the" in printed
+    plan = pd.read_parquet(out / "plan.parquet")
+    assert (plan["status"] == "kept").all()
+    probe = plan[plan["probe"]]
+    assert len(probe) == 1 and (probe.iloc[0]["dp"], probe.iloc[0]["tp"]) == (2, 1)
+    runs = pd.read_parquet(out / "runs.parquet").set_index("run_id")
+    assert runs.loc[probe.iloc[0]["run_id"], "outcome"] == "completed"
+    assert set(runs.index) == set(plan["run_id"])
+
+
 def test_calibrate_from_a_file_without_attempts_is_one_clear_error(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec_path = calibration_spec(tmp_path)
@@ -300,24 +321,27 @@ def test_a_recorded_calibration_of_another_spec_is_not_applied(
     assert "calibration.json: not a calibration" in capsys.readouterr().err
 
 
-def test_plan_counts_the_memory_verdicts_inside_the_models_uncertainty_band() -> None:
-    """The band is the reserved peak's left-out error (−32 % .. +16 % of the prediction):
-    a prediction a little over the budget may fit, one a little under it may not."""
-    from sweep.commands.plan import near_the_limit
+def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -> None:
+    """The band is the reserved peak's left-out error (−32 % .. +16 % of the prediction): a
+    prediction a little over the budget may fit (a probe), one a little under it may not."""
+    from sweep.commands.plan import memory_verdicts
     from sweep.spec import parse_spec
 
     spec = parse_spec("name: band\nframework: builtin\ngpu: cpu\ngpu_memory_gb: 1\n"
                       "models: [tiny-4l]\nnodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
     gib = 2**30
+    reserved = [0.5 * gib, 0.9 * gib, 1.1 * gib, 1.3 * gib, None]
     frame = pd.DataFrame({
-        "status": ["kept", "kept", "pruned:memory", "pruned:memory", "pruned:tp_heads"],
-        "mem_reserved_bytes": [0.5 * gib, 0.9 * gib, 1.1 * gib, 1.3 * gib, None],
+        "status": ["kept", "kept", "kept", "pruned:memory", "pruned:tp_heads"],
+        "mem_reserved_bytes": reserved, "mem_total_bytes": reserved,
         "mem_overhead_bytes": [0.0, 0.0, 0.0, 0.0, None]})
-    near = near_the_limit(frame, spec)
-    assert near is not None
-    assert (near.pruned_could_fit, near.kept_could_oom) == (1, 1)
-    assert "1 candidate(s) pruned by memory could fit, 1 kept could run out of memory" in \
-        near.describe()
+    verdicts = memory_verdicts(frame, spec)
+    assert verdicts is not None
+    assert (verdicts.kept_with_room, verdicts.kept_could_oom, verdicts.probes, verdicts.pruned,
+            verdicts.pruned_could_fit) == (1, 1, 1, 1, 0)
+    assert "1 kept that could run out, 1 probe(s)" in verdicts.describe()
+    point_only = frame.assign(status=["kept", "kept", "pruned:memory", "pruned:memory", "x"])
+    assert memory_verdicts(point_only, spec).pruned_could_fit == 1  # type: ignore[union-attr]
     no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
                             "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
-    assert near_the_limit(frame, no_ceiling) is None
+    assert memory_verdicts(frame, no_ceiling) is None
