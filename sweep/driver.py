@@ -69,6 +69,7 @@ class SearchOptions:
     poll_s: float = 30.0
     max_gpu_hours: float | None = None
     report: bool = True
+    calibrate: bool = True  # refit the memory model after every round (sweep.round_calibration)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.cli import UserError
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY
     from sweep.live_search import search_sweep
+    from sweep.round_calibration import for_search
     from sweep.slurm_backend import SlurmBackend
     from sweep.spec import load_spec
     from sweep.tracker import LEFT_OUT_FILE, Tracker
@@ -108,8 +110,12 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     backend = SlurmBackend(Tracker(folder), max_running=options.max_running,
                            max_gpu_hours=options.max_gpu_hours, on_poll=on_poll)
     rounds = Rounds(backend, poll_s=options.poll_s, on_round=on_round)
+    # A relative templates_dir is anchored where the driver runs: the submitting directory.
+    calibration, line = for_search(folder, spec, plan, enabled=options.calibrate)
+    print(line, flush=True)
     try:
-        search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds)
+        search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds,
+                              calibration=calibration)
     except BudgetReached as stop:
         summary = (f"{options.strategy}: stopped at the budget of {stop.cap_gpu_hours:g} "
                    f"GPU-hours after {rounds.rounds} round(s); {len(stop.left_out)} run(s) the "

@@ -91,6 +91,23 @@ class Search:
     regret_bound: dict[str, float] = field(default_factory=dict)
     # adaptive: cell → launches the floor forced (the band alone would have closed the cell).
     forced: dict[str, int] = field(default_factory=dict)
+    # The candidates the plan kept at some point of the search (all of them without a `replan`):
+    # the ones it held back throughout were never runs of this sweep, and are left out.
+    considered: pd.Index | None = None
+
+
+@dataclass(frozen=True)
+class Replanned:
+    """What a re-plan between rounds decided: the candidates the plan now keeps, and why the
+    others (held back until a later re-plan keeps them) are not run."""
+
+    eligible: pd.Index
+    reason: str
+
+
+# Called after every round with the outcomes so far, the round, and the throughput coefficients
+# the round's picks were made with (None where the strategy uses no model).
+Replan = Callable[[pd.DataFrame, int, Coefficients | None], Replanned]
 
 
 # Memory dominance -------------------------------------------------------------------------------
@@ -260,12 +277,19 @@ def table_oracle(outcomes: pd.DataFrame) -> Oracle:
 
 def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: str,
            workloads: Mapping[str, Workload], prior: Coefficients = Coefficients(),
-           params: Params = Params()) -> Search:
+           params: Params = Params(), held: pd.Index | None = None,
+           replan: Replan | None = None) -> Search:
     """Run `strategy` over `candidates`, asking `oracle` for the outcomes of each round.
 
     The oracle is a table indexed like the candidates (a replay), or a callable that runs the
     candidate ids it is given and returns their outcomes (a live sweep): columns status
     (completed, oom, failed), tokens_per_s_per_gpu and gpu_hours, indexed by candidate id.
+
+    `held`: candidates the plan does not keep yet (pruned by a rule a re-plan may revise, such
+    as the memory rule under self-calibration); `replan`, called once before the first round
+    and after every round, says which candidates the plan keeps now. An untried candidate it no
+    longer keeps is held back; a held one it keeps joins the search (the exhaustive strategy
+    then runs another round).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
@@ -279,10 +303,14 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
     memory = pd.concat([memory_components(g, workloads[str(m)])
                         for m, g in candidates.groupby("model", sort=False)]).loc[candidates.index]
     state = _State(candidates, oracle, OomRules(candidates, memory, params.heuristic_skips),
-                   params)
+                   params, held, replan)
+    state.replanned(0)
     if strategy == "exhaustive":
-        state.launch(candidates.index, 1)
-        return state.result(strategy, 1)
+        round_no = 0
+        while len(state.untried) and round_no < params.max_rounds:
+            round_no += 1
+            state.launch(state.untried, round_no)
+        return state.result(strategy, round_no)
     if strategy == "pruned":
         return _pruned(state)
     return _adaptive(state, Predictor(candidates, workloads, prior, params.fit_iterations))
@@ -290,13 +318,39 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
 
 class _State:
     def __init__(self, candidates: pd.DataFrame, oracle: Oracle, rules: OomRules,
-                 params: Params) -> None:
+                 params: Params, held: pd.Index | None = None,
+                 replan: Replan | None = None) -> None:
         self.candidates, self.oracle, self.rules, self.params = candidates, oracle, rules, params
         self.cells = _cell_keys(candidates)
-        self.untried = pd.Index(candidates.index)
+        self.held: dict[int, str] = {int(c): "held back by the plan" for c in
+                                     (held if held is not None else [])}
+        self.untried = pd.Index(candidates.index).difference(pd.Index(list(self.held)))
+        self.considered = set(self.untried)
+        self.replan = replan
+        self.coefficients: Coefficients | None = None  # what the next round's picks are made with
         self.launched: list[dict] = []
         self.known = pd.DataFrame(columns=list(OUTCOME_COLUMNS))
         self.skipped: dict[int, str] = {}
+
+    def replanned(self, round_no: int) -> None:
+        """Ask the re-plan which candidates the plan keeps now: release the held ones it keeps,
+        hold back the untried ones it no longer keeps (a skip by an OOM stays a skip)."""
+        if self.replan is None:
+            return
+        verdict = self.replan(self.known, round_no, self.coefficients)
+        eligible = set(int(c) for c in verdict.eligible)
+        released = [c for c in self.held if c in eligible]
+        dropped = [int(c) for c in self.untried if int(c) not in eligible]
+        for c in released:
+            del self.held[c]
+        for c in dropped:
+            self.held[c] = verdict.reason
+        self.considered.update(released)
+        self.untried = self.untried.difference(pd.Index(dropped)).union(pd.Index(released))
+
+    def eligible_sizes(self) -> pd.Series:
+        """Candidates per cell that the plan keeps or has run (what a cell's floor is a share of)."""
+        return self.cells[self.cells.index.difference(pd.Index(list(self.held)))].value_counts()
 
     def launch(self, ids: pd.Index, round_no: int) -> pd.DataFrame:
         ids = pd.Index(ids)
@@ -316,18 +370,23 @@ class _State:
             for c, reason in self.rules.skipped_by(oom, self.untried, proof).items():
                 self.skipped.setdefault(c, reason)
         self.untried = self.untried.difference(pd.Index(list(self.skipped)))
+        self.replanned(round_no)
         return got
 
     def result(self, strategy: str, rounds: int, coeffs: Coefficients | None = None,
                remaining_reason: str = "") -> Search:
         for c in self.untried:
             self.skipped.setdefault(int(c), remaining_reason or "not reached")
+        for c, reason in self.held.items():  # kept once, then held back by a re-plan
+            if c in self.considered:
+                self.skipped.setdefault(c, reason)
         launched = pd.DataFrame(self.launched, columns=["candidate", "round"])
         launched = launched.join(self.candidates[list(CELL)], on="candidate")
         launched = launched.join(self.known, on="candidate")
         skipped = pd.DataFrame(sorted(self.skipped.items()), columns=["candidate", "reason"])
         skipped = skipped.join(self.candidates[list(CELL)], on="candidate")
-        return Search(strategy, launched, skipped, coeffs, rounds)
+        considered = pd.Index(sorted(self.considered), dtype=self.candidates.index.dtype)
+        return Search(strategy, launched, skipped, coeffs, rounds, considered=considered)
 
 
 def _pruned(state: _State) -> Search:
@@ -349,13 +408,14 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     closed: dict[str, int] = {}
     bound: dict[str, float] = {}
     forced: dict[str, int] = {}
-    sizes = state.cells.value_counts()
     round_no = 0
     while round_no < p.max_rounds:
         done = pd.Index([r["candidate"] for r in state.launched])
         ok = state.known[state.known.status == "completed"]
         if len(ok) >= p.min_fit_runs and round_no > 0:
             model.refit(ok.index, ok.tokens_per_s_per_gpu.to_numpy(float))
+        state.coefficients = model.coefficients
+        sizes = state.eligible_sizes()
         open_untried = state.untried[~state.cells[state.untried].isin(closed).to_numpy()]
         if not len(open_untried):
             break
@@ -512,5 +572,5 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
 
 
 __all__ = ["HEURISTIC", "PLANNER_MEMORY", "PROOF", "STRATEGIES", "OomRules", "Oracle", "Params",
-           "Predictor", "Search", "memory_components", "memory_order", "progress", "score",
-           "search", "table_oracle"]
+           "Predictor", "Replan", "Replanned", "Search", "memory_components", "memory_order",
+           "progress", "score", "search", "table_oracle"]

@@ -22,6 +22,7 @@ import pandas as pd
 from sweep import economy
 from sweep.backends import Rounds
 from sweep.collect import update_runs
+from sweep.round_calibration import RoundCalibration
 from sweep.space import KEPT
 from sweep.throughput import Workload
 
@@ -77,23 +78,33 @@ def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFra
 
 def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
                  workloads: Mapping[str, Workload], rounds: Rounds,
-                 params: economy.Params = economy.Params()) -> LiveSearch:
+                 params: economy.Params = economy.Params(),
+                 calibration: RoundCalibration | None = None) -> LiveSearch:
     """Run `strategy` over the sweep's kept runs: each round's runs go to `rounds` (those its
     backend has not `finished` yet), then the sweep is collected and the round's outcomes read
-    back. What the search did is written beside runs.parquet (`write_search`)."""
-    candidates = candidates_of(plan)
-    run_dir = {i: sweep_dir / "runs" / str(run_id) for i, run_id in candidates["run_id"].items()}
+    back. With a `calibration`, the memory model is recalibrated on the sweep's own attempts
+    before the first round and after every round, and the search follows the re-plan
+    (`sweep.round_calibration`). What the search did is written beside runs.parquet
+    (`write_search`)."""
+    candidates = candidates_of(plan) if calibration is None else calibration.candidates
+
+    def run_dir(i: int) -> Path:  # read when asked: a re-plan gives new candidates their run id
+        return sweep_dir / "runs" / str(candidates.at[i, "run_id"])
 
     def oracle(ids: pd.Index) -> pd.DataFrame:
-        rounds([run_dir[int(i)] for i in ids if not rounds.finished(run_dir[int(i)])])
+        rounds([run_dir(int(i)) for i in ids if not rounds.finished(run_dir(int(i)))])
         result, _ = update_runs(sweep_dir)
         runs = result.table.select(["run_id", "attempt", "outcome", "tokens_per_sec_per_gpu",
                                     "gpu_hours"]).to_pandas()
         answer = outcomes_from_runs(runs, [str(candidates.at[int(i), "run_id"]) for i in ids])
         return answer.set_axis(ids)
 
-    result = economy.search(candidates, oracle, strategy, workloads, params=params)
-    search = LiveSearch(result, candidates, economy.progress(result, candidates))
+    result = economy.search(candidates, oracle, strategy, workloads, params=params,
+                            held=None if calibration is None else calibration.held,
+                            replan=calibration)
+    considered = candidates.loc[result.considered] if result.considered is not None \
+        else candidates
+    search = LiveSearch(result, considered, economy.progress(result, considered))
     write_search(sweep_dir, search)
     return search
 

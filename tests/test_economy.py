@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sweep.catalog import get_gpu, get_model
-from sweep.economy import OomRules, Params, memory_components, score, search
+from sweep.economy import OomRules, Params, Replanned, memory_components, score, search
 from sweep.replay_tables import replay_table
 from sweep.throughput import Coefficients, Workload, predict
 
@@ -194,6 +194,48 @@ def test_a_live_oracle_is_asked_in_rounds_never_twice_for_one_candidate() -> Non
     assert len(asked) == len(set(asked)) == len(result.launched)
     assert all(len(batch) <= 3 * 2 for batch in batches)  # k per open cell, two cells
     assert len(batches) == result.rounds > 1
+
+
+def test_a_replan_between_rounds_releases_held_candidates_and_holds_back_untried_ones() -> None:
+    """What self-calibration does to a search: the plan changes after a round."""
+    candidates = grid(nodes=(1,))
+    table = oracle(candidates, capacity_for(candidates, 0.2))
+    large = candidates.index[candidates.mbs == 16]  # held back at first (pruned by the prior)
+    small = candidates.index[candidates.mbs == 1]  # kept at first, dropped after round 1
+    calls: list[tuple[int, int]] = []
+
+    def replan(known: pd.DataFrame, round_no: int, _coefficients: object) -> Replanned:
+        calls.append((round_no, len(known)))
+        keep = candidates.index if round_no == 0 else candidates.index.difference(small)
+        return Replanned(keep.difference(large) if round_no == 0 else keep, "pruned:memory (x)")
+
+    result = search(candidates, table, "exhaustive", WORKLOADS, held=large, replan=replan)
+    assert [r for r, _ in calls] == [0, 1, 2]
+    first = result.launched[result.launched["round"] == 1].candidate
+    second = result.launched[result.launched["round"] == 2].candidate
+    assert set(first) == set(candidates.index.difference(large))  # round 0 changes nothing
+    assert set(second) == set(large) and result.rounds == 2  # released after round 1
+    assert result.skipped.empty  # the small ones had run in round 1: nothing left to hold
+    assert list(result.considered) == list(candidates.index)
+
+    def hold_then_release(known: pd.DataFrame, round_no: int, _c: object) -> Replanned:
+        return Replanned(candidates.index.difference(large), "pruned:memory (after a round)")
+
+    pruned = search(candidates, table, "pruned", WORKLOADS, held=large,
+                    replan=hold_then_release)
+    assert set(pruned.launched.candidate).isdisjoint(large)
+    assert pruned.considered is not None and set(pruned.considered).isdisjoint(large)
+    assert set(pruned.skipped.candidate).isdisjoint(large)  # never runs of this sweep
+
+    def drop_untried(known: pd.DataFrame, round_no: int, _c: object) -> Replanned:
+        keep = candidates.index if round_no == 0 else candidates.index[candidates.mbs <= 2]
+        return Replanned(keep, "pruned:memory (self-calibrated after round 1)")
+
+    dropped = search(candidates, table, "pruned", WORKLOADS, replan=drop_untried)
+    reasons = dropped.skipped.set_index("candidate").reason
+    held_back = candidates.index[candidates.mbs > 2].difference(dropped.launched.candidate)
+    assert len(held_back) and (reasons[held_back].str.startswith("pruned:memory (self-")
+                               | reasons[held_back].str.startswith("pruned:oom")).all()
 
 
 def test_an_oracle_that_answers_for_other_candidates_is_refused() -> None:

@@ -4,7 +4,10 @@ Default: every failure class except oom (a configuration that does not fit will 
 time either), and every run never submitted (a submit that was killed midway). A completed run,
 or one pending or running, is never submitted again, so resume twice in a row is safe.
 
-A detached search (`sweep submit --strategy pruned|adaptive`) is resumed by its driver: when the
+A one-round sweep is first re-planned from its own attempts (`sweep.round_calibration`; off with
+--no-calibrate): the memory model is refitted on them, and the runs the re-plan keeps for the
+first time are rendered and submitted with the rest. A detached search (`sweep submit --strategy
+pruned|adaptive`) is resumed by its driver, which recalibrates before its first round: when the
 recorded driver died before the search ended, resume submits a new one, which adopts the runs in
 flight; while a driver is live, resume leaves the sweep to it. After the search, resume reruns
 failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
@@ -41,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", type=classes(choices), default=None, metavar="CLASSES",
                         help=f"comma-separated classes to resubmit, of: {','.join(choices)} "
                              "(default: all but oom)")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="do not refit the memory model on the sweep's attempts and "
+                             "re-plan before resubmitting (sweep.round_calibration)")
     add_submit_options(parser)
 
 
@@ -66,7 +72,41 @@ def run(args: argparse.Namespace) -> int:
     if searched and not _search_over(tracker, record, cap):
         return _resume_search(tracker, record, cap, args)
     ensure_preflight(args.sweep_dir, args)
+    if not searched and not args.dry_run:
+        _recalibrate(tracker.dir, enabled=not args.no_calibrate)
     return _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
+
+
+def _recalibrate(folder: Path, *, enabled: bool) -> None:
+    """A one-round sweep learns from its attempts here: collect, refit the memory model on them,
+    re-plan, and render what the re-plan keeps for the first time; those runs are then never
+    submitted, so `_resume_runs` submits them (sweep.round_calibration)."""
+    import pandas as pd
+
+    from sweep.collect import update_runs
+    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.round_calibration import for_search
+    from sweep.spec import load_spec
+
+    if not enabled or not (folder / PLAN_FILE).is_file() or not (folder / SPEC_COPY).is_file():
+        return
+    update_runs(folder)
+    calibration, line = for_search(folder, load_spec(folder / SPEC_COPY),
+                                   pd.read_parquet(folder / PLAN_FILE))
+    if calibration is None:
+        print(line)
+        return
+    before = set(calibration.initially_kept)
+    verdict = calibration.replan("resume")
+    record = calibration.rounds[-1]
+    if not record.get("calibrated"):
+        print(f"self-calibration: not yet ({record.get('reason')})")
+        return
+    new = len(set(verdict.eligible) - before)
+    print(f"self-calibration: reserved peak × {record['memory']['factor']:.3f} from "
+          f"{record['memory']['n_completed']} completed and {record['memory']['n_oom']} OOM "
+          f"attempt(s); {new} run(s) the re-plan keeps for the first time are rendered and "
+          f"submitted as never submitted, {record['held_back']} kept before are pruned now")
 
 
 def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) -> bool:

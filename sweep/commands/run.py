@@ -31,6 +31,7 @@ from sweep.commands.render import Rendered, render_sweep
 from sweep.economy import STRATEGIES
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
+from sweep.round_calibration import for_search
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld
 
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPU slots to fill at once; a job takes nodes × ranks per node "
                              "(default: this machine's CPU count)")
     parser.add_argument("--no-report", action="store_true", help="stop after collect")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="pruned/adaptive: keep the plan's memory verdicts instead of "
+                             "refitting the memory model on the sweep's attempts after every "
+                             "round (sweep.round_calibration)")
 
 
 class RunProgress:
@@ -119,7 +124,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
         console.print(f"ended {len(reaped)} job(s) that an interrupted `sweep run` left running; "
                       "they run again", highlight=False)
     pending = [d for d in run_dirs if not finished(d)]
-    console.print(f"{rendered.spec.name}: {len(run_dirs)} run(s) rendered from "
+    console.print(f"{rendered.spec.name}: {rendered.counts} rendered from "
                   f"{rendered.plan_source}, {len(run_dirs) - len(pending)} already have a "
                   f"verdict → {out}", highlight=False, soft_wrap=True)
 
@@ -134,9 +139,14 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
         else:
             rounds = Rounds(backend, poll_s=backend.poll_s,
                             on_round=lambda _rounds, batch, _submitted: progress.add(len(batch)))
+            calibration, line = for_search(out, rendered.spec, rendered.plan,
+                                           enabled=not args.no_calibrate,
+                                           spec_dir=args.spec.resolve().parent)
+            console.print(line, highlight=False, soft_wrap=True)
             with backend.session():
                 search = search_sweep(out, rendered.plan, args.strategy,
-                                      workloads_for(rendered.spec), rounds)
+                                      workloads_for(rendered.spec), rounds,
+                                      calibration=calibration)
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 

@@ -50,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="run the search in this process, which must live until it ends")
     parser.add_argument("--yes", action="store_true",
                         help="submit without asking, however many GPU-hours the worst case is")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="pruned/adaptive: keep the plan's memory verdicts instead of "
+                             "refitting the memory model on the sweep's attempts after every "
+                             "round (sweep.round_calibration)")
     add_submit_options(parser)
 
 
@@ -136,7 +140,7 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
     from sweep.commands.render import render_sweep
 
     rendered = render_sweep(target, out)
-    print(f"rendered {len(rendered.run_dirs)} run(s) from {rendered.plan_source} into "
+    print(f"rendered {rendered.counts} from {rendered.plan_source} into "
           f"{rendered.out / 'runs'}")
     return rendered.out
 
@@ -182,7 +186,8 @@ def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions
     from sweep.driver import SearchOptions
 
     return SearchOptions(strategy=args.strategy, max_running=args.max_running, poll_s=args.poll_s,
-                         max_gpu_hours=cap, report=not args.no_report)
+                         max_gpu_hours=cap, report=not args.no_report,
+                         calibrate=not getattr(args, "no_calibrate", False))
 
 
 # -- the budget -----------------------------------------------------------------------------------
