@@ -192,3 +192,23 @@ def for_search(sweep_dir: Path, spec: Spec, plan: pd.DataFrame, *, enabled: bool
                          f"attempts after every round and re-plans {len(calibration.candidates)} "
                          f"candidate(s) ({len(calibration.held)} held back now); each re-plan "
                          f"is recorded in {sweep_dir / ROUNDS_FILE}")
+
+
+def describe_latest(sweep_dir: Path) -> str | None:
+    """`sweep status`'s line on self-calibration: the latest re-plan, and the candidates the
+    re-plans released and held back in all (None: the sweep has not recalibrated)."""
+    rounds = read_rounds(sweep_dir)
+    if not rounds:
+        return None
+    latest = rounds[-1]
+    when = (f"after round {latest['round']}" if isinstance(latest.get("round"), int)
+            else f"at {latest.get('round')}")
+    released = sum(int(r.get("released", 0)) for r in rounds)
+    held = sum(int(r.get("held_back", 0)) for r in rounds)
+    if not latest.get("calibrated"):
+        return f"self-calibration {when}: not yet ({latest.get('reason', '?')})"
+    memory = latest.get("memory", {})
+    return (f"self-calibration {when}: reserved peak × {float(memory.get('factor', 1.0)):.3f} "
+            f"(set by {memory.get('bound_by', '?')}) from {memory.get('n_completed', 0)} "
+            f"completed and {memory.get('n_oom', 0)} OOM attempt(s); {len(rounds)} re-plan(s) "
+            f"released {released} and held back {held} candidate(s) (`{ROUNDS_FILE}`)")

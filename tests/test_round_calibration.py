@@ -15,6 +15,7 @@ from sweep.round_calibration import (
     ROUNDS_FILE,
     NotCalibratable,
     RoundCalibration,
+    describe_latest,
     for_search,
     read_rounds,
 )
@@ -50,6 +51,7 @@ def test_the_search_starts_from_the_sweeps_plan_and_holds_back_what_it_prunes(
     assert "no calibration yet" in verdict.reason
     (record,) = read_rounds(tmp_path)
     assert record["round"] == 0 and record["calibrated"] is False
+    assert "self-calibration after round 0: not yet" in str(describe_latest(tmp_path))
 
 
 def test_a_plan_of_another_spec_is_not_calibrated(tmp_path: Path) -> None:
@@ -97,6 +99,9 @@ def test_a_first_round_teaches_the_model_and_the_search_runs_what_it_now_keeps(
     assert first["memory"]["n_completed"] == 2 and first["memory"]["factor"] < 0.5
     assert first["outcomes_so_far"] == {"completed": 2}
     assert rounds[2]["memory"]["n_completed"] == 3
+    line = describe_latest(out)
+    assert line is not None and line.startswith("self-calibration after round 2: reserved peak")
+    assert "3 re-plan(s) released 1 and held back 0 candidate(s)" in line
     recorded = json.loads((out / "calibration.json").read_text())
     assert recorded["round"] == 2 and recorded["spec_hash"] == load_spec(spec_path).spec_hash()
 

@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from sweep.driver import observe_driver
+    from sweep.round_calibration import describe_latest
     from sweep.slurm import SlurmError
     from sweep.tracker import Tracker
 
@@ -175,6 +176,9 @@ def run(args: argparse.Namespace) -> int:
         if view is not None:
             console.print(render_driver(view, gpu_hours(observation)[0]), markup=False,
                           highlight=False, soft_wrap=True)
+        calibrated = describe_latest(tracker.dir)
+        if calibrated is not None:
+            console.print(calibrated, markup=False, highlight=False, soft_wrap=True)
         driving = view is not None and view.state == "live"
         if not args.watch or not (driving or any(s.in_flight for s in observation.states)):
             return 0
