@@ -120,6 +120,31 @@ def stale_pipeline_runs(table: pd.DataFrame) -> pd.Series:
     return pd.Series(False, index=table.index)
 
 
+INTRA_NODE_BUSBW: Final = "AR Intra-node (GB/s)"  # nanotron's all-reduce test inside a node
+
+
+def sick_node_runs(table: pd.DataFrame) -> pd.Series:
+    """Rows of nanotron's results table whose job measured, before it ran, an all-reduce inside
+    one node at less than half the table's median: a node whose NVLink was degraded (the
+    playbook's jobs 14098548-14098922: ~45 GB/s where the others measured ~450; all ran at least
+    1.9x slower than the same layouts elsewhere). A fault of the machine, not a cost of the
+    layout, so the throughput fit leaves them out as it leaves out stale pipeline runs. Tables
+    without the measurement: none."""
+    if INTRA_NODE_BUSBW not in table:
+        return pd.Series(False, index=table.index)
+    measured = pd.to_numeric(table[INTRA_NODE_BUSBW], errors="coerce")
+    return (measured < 0.5 * measured.median()).fillna(False).astype(bool)
+
+
+def fit_exclusions(table: pd.DataFrame) -> dict[str, pd.Series]:
+    """Why rows of a runs table are not fitted or scored by the throughput model, each reason
+    with its rows (`stale_pipeline_runs`, `sick_node_runs`)."""
+    return {"pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)":
+            stale_pipeline_runs(table),
+            "runs on a node whose NVLink all-reduce measured under half the table's median":
+            sick_node_runs(table)}
+
+
 def error_summary(errors: np.ndarray) -> dict[str, float]:
     """Median and 90th percentile of |predicted / measured − 1|, and the count."""
     errors = np.abs(np.asarray(errors, dtype=float))
@@ -195,5 +220,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
                            for name in PREDICTIONS})
 
 
-__all__ = ["stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

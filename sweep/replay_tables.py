@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from sweep.throughput import Workload, tokens_per_step
+from sweep.throughput import MEASURED_INTER_NODE, Workload, tokens_per_step
+
+INTER_NODE_BUSBW = "AllReduce (GB/s)"  # nanotron's all-reduce test over all of a job's nodes
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,15 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
                     for name, w in workloads.items()}
         model = [by_shape.get((h, n), f"hidden {h}, {n} layers")
                  for h, n in zip(runs.hidden_size, runs.num_layers, strict=True)]
-        return pd.DataFrame({"model": model,
-                             "nodes": runs.nodes, "dp": runs.dp, "tp": runs.tp, "pp": runs.pp,
-                             "mbs": runs.mbs, "grad_acc": runs.batch_accum,
-                             "zero_stage": runs.zero_stage, "status": status,
-                             "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
+        frame = pd.DataFrame({"model": model,
+                              "nodes": runs.nodes, "dp": runs.dp, "tp": runs.tp, "pp": runs.pp,
+                              "mbs": runs.mbs, "grad_acc": runs.batch_accum,
+                              "zero_stage": runs.zero_stage, "status": status,
+                              "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
+        if INTER_NODE_BUSBW in runs:  # the network each job measured before it ran
+            frame[MEASURED_INTER_NODE] = pd.to_numeric(runs[INTER_NODE_BUSBW], errors="coerce") \
+                .where(runs.nodes > 1)
+        return frame
     needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
               "tokens_per_s_per_gpu"}
     missing = sorted(needed - set(runs))
@@ -71,7 +77,7 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
         raise ValueError(f"{source}: not a playbook table nor a runs table: lacks column(s) "
                          f"{missing}")
     extra = [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp",
-                         "gpu_hours_measured") if c in runs]
+                         "gpu_hours_measured", MEASURED_INTER_NODE) if c in runs]
     return runs[sorted(needed) + extra].copy()
 
 

@@ -91,10 +91,14 @@ ran on a degraded fabric (job batch 14113215-14113535: measured inter-node all-r
 where the same node counts measured 90-200). Leaving out only the flagged pre-fix pipeline runs
 (`sweep calibrate playbook_bench_full_1B_8B.csv`, 761 runs): median 17.6 % → 12.9 % with
 ``pipe_tp_sync`` (p90 97 % → 70 %), held out 19.7 % → 19.3 % (1B) and 24.1 % → 20.0 % (8B).
-What limits it now: pp ≥ 8 runs (median |error| ~30 %; those with mbs ≥ 4 run ~25 % slower than
-predicted), the degraded-fabric batch above, and, held out, the per-layer fixed cost
-(``layer_passes``), which the 8B runs alone barely see (its GEMMs are large) and the 1B runs
-need.
+Two later fixes (full table, 751 runs): the per-layer costs follow the stage with the most layers
+rather than the FLOP-busiest (at 1B, pp = 8 the LM head's stage is busiest with no layer, and
+``pipe_tp_sync`` was charged for none), and a run's inter-node bandwidth is the one its job
+measured where the table has it (`MEASURED_INTER_NODE`; the degraded batches above), with ten
+sick-node runs left out (`sweep.calibrate.sick_node_runs`): in-sample 12.9 % / 69.9 % → 12.5 % /
+39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.8 %, 8B 20.0 % / 139 % → 20.7 % / 46.2 %. What
+limits it now: fitted on one model, the per-token cost relative to FLOPs is 1.3× off on the other
+(1B predicted ~12 % too fast, 8B 15-20 % too slow), which no term tried carried across.
 """
 
 from __future__ import annotations
@@ -114,6 +118,8 @@ FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", 
                    "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead",
                    "pipe_tp_sync")
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
+# Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
+MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
 # FSDP2 mixed precision reduces in fp32).
@@ -231,11 +237,27 @@ class _Group:
         return np.where(self.inter, 0.0, seconds), np.where(self.inter, seconds, 0.0)
 
 
-def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float) -> _Group:
-    """A collective over `size` ranks placed `stride` apart (tp innermost, pp outermost)."""
+def _inter_node_bandwidth(frame: pd.DataFrame, work: Workload) -> np.ndarray:
+    """Per-GPU inter-node bandwidth in bytes/s, per row: the catalog's figure, unless the row
+    carries the all-reduce bus bandwidth its job measured over all its nodes
+    (`MEASURED_INTER_NODE`, GB/s, shared by a node's GPUs). The same GPUs deliver very different
+    fabrics: in the playbook's table ~180 GB/s at 8-64 nodes in some campaigns and ~800 / nodes
+    in others (13 GB/s at 64 nodes), which no constant of the model can hold. A plan has no such
+    column: it is predicted with the catalog."""
+    inter = np.full(len(frame), work.gpu.inter_node_GBps * 1e9)
+    if MEASURED_INTER_NODE in frame:
+        measured = pd.to_numeric(frame[MEASURED_INTER_NODE], errors="coerce").to_numpy(float)
+        per_gpu = measured * 1e9 / work.gpus_per_node
+        inter = np.where(np.isfinite(per_gpu) & (per_gpu > 0), per_gpu, inter)
+    return inter
+
+
+def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float,
+           inter: np.ndarray) -> _Group:
+    """A collective over `size` ranks placed `stride` apart (tp innermost, pp outermost), across
+    nodes over `inter` bytes/s per GPU (`_inter_node_bandwidth`)."""
     g = work.gpus_per_node
     intra = work.gpu.intra_node_GBps * 1e9
-    inter = work.gpu.inter_node_GBps * 1e9
     spans = size * stride > g
     local = np.clip(g // np.maximum(stride, 1), 1, np.maximum(size, 1))
     nodes = np.maximum(1.0, size * stride / g)
@@ -254,8 +276,8 @@ def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
 
 def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray,
                  split: str = "cost") -> tuple[np.ndarray, ...]:
-    """Per token: FLOPs of the busiest stage and of all stages; layers of the busiest stage; and
-    the parameters of the largest stage.
+    """Per token: FLOPs of the busiest stage and of all stages; layers of the stage with the most
+    layers; and the parameters of the largest stage.
 
     The stages are the framework's own split (nanotron balances a cost that counts the LM head as
     vocab/(4h + 3F) layers; Megatron and the others split the layers evenly), the LM head on the
@@ -280,9 +302,12 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         counts = _stage_counts(shape, int(p), split)
         per_stage = counts[None, :] * layer_f[rows, None]
         per_stage[:, -1] += head_f
-        busiest = per_stage.argmax(axis=1)
         stage_f[rows] = per_stage.max(axis=1)
-        stage_layers[rows] = np.maximum(counts[busiest], 1.0)
+        # Per-layer costs (layer passes, TP collectives, pipe_tp_sync) pace the stage with the
+        # most layers, not the FLOP-busiest one: at 1B, pp = 8 nanotron places 3,2,3,2,3,2,1,0
+        # layers and the LM head (~3.2 layers of FLOPs) on the last stage, which is then the
+        # busiest with no layer at all, and pipe_tp_sync was charged for zero layers.
+        stage_layers[rows] = max(float(counts.max()), 1.0)
         # The first stage holds the embedding, the last the LM head (a copy of it when tied).
         # (MoE: all experts count; sharding them over EP is left out of this estimate.)
         stage_params[rows] = counts.max() * params.per_layer + params.embedding
@@ -305,6 +330,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     shape, s, gamma = work.shape, work.seq_len, inter_scaling
     act = DTYPE_BYTES.get(work.dtype, 2)
     one = np.ones_like(tp)
+    inter_bw = _inter_node_bandwidth(frame, work)
 
     stage_f, total_f, stage_layers, stage_params = _stage_split(shape, s, pp, recompute,
                                                                 work.stage_split)
@@ -320,18 +346,18 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
     # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
     act_bytes = tokens_mb / cp * shape.hidden_size * act
-    tp_g = _group(tp, one, work, gamma)
+    tp_g = _group(tp, one, work, gamma, inter_bw)
     tp_intra, tp_inter = tp_g.split(8 * _ring_time(tp, act_bytes, tp_g.bandwidth))
     tp_hops = tp_g.split(np.where(tp > 1, np.where(sp, 8, 4) * _ring_steps(tp), 0.0))
     kv_bytes = 2 * tokens_mb / cp * shape.kv_dim * act
-    cp_g = _group(cp, tp, work, gamma)
+    cp_g = _group(cp, tp, work, gamma, inter_bw)
     cp_intra, cp_inter = cp_g.split(2 * (cp - 1) * kv_bytes / cp_g.bandwidth)
     cp_hops = cp_g.split(2 * _steps(cp))
     ep_intra = ep_inter = np.zeros_like(tp)
     ep_hops = (ep_intra, ep_inter)
     if shape.is_moe:
         a2a_bytes = tokens_mb / cp * shape.hidden_size * act * shape.experts_per_token
-        ep_g = _group(ep, tp * cp * dp, work, gamma)
+        ep_g = _group(ep, tp * cp * dp, work, gamma, inter_bw)
         ep_intra, ep_inter = ep_g.split(4 * _ring_time(ep, a2a_bytes, ep_g.bandwidth))
         ep_hops = ep_g.split(np.where(ep > 1, 4 * _steps(ep), 0.0))
     per_layer = passes
@@ -342,7 +368,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     replicas = dp * ep
     shard = stage_params / tp
     grad_bytes, param_bytes = shard * work.grad_reduce_bytes, shard * act
-    dp_g = _group(replicas, tp * cp, work, gamma)
+    dp_g = _group(replicas, tp * cp, work, gamma, inter_bw)
     rs = _ring_time(replicas, grad_bytes, dp_g.bandwidth)
     ag = _ring_time(replicas, param_bytes, dp_g.bandwidth)
     buckets = np.ceil(grad_bytes / work.bucket_bytes)
@@ -359,8 +385,8 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
 
     # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.
     p2p_bytes = np.where(sp, act_bytes / tp, act_bytes)
-    pp_g = _Group(np.where(tp * cp * dp >= work.gpus_per_node,
-                           work.gpu.inter_node_GBps, work.gpu.intra_node_GBps) * 1e9,
+    pp_g = _Group(np.where(tp * cp * dp >= work.gpus_per_node, inter_bw,
+                           work.gpu.intra_node_GBps * 1e9),
                   tp * cp * dp >= work.gpus_per_node)
     pp_comm = np.where(pp > 1, slots * 2 * p2p_bytes / pp_g.bandwidth, 0.0)
     pp_hops = pp_g.split(np.where(pp > 1, slots * 2, 0.0))

@@ -109,6 +109,27 @@ def test_pipeline_tp_sync_charges_every_layer_after_a_stages_first_per_tp_ring_p
     assert f.iloc[2] == 8 * 17 * 3  # 8 micro-batches, 18 layers on the busiest stage, tp − 1 = 3
 
 
+def test_per_layer_costs_follow_the_stage_with_the_most_layers_not_the_heads_stage() -> None:
+    """1B at pp = 8: nanotron places 3,2,3,2,3,2,1,0 layers, the LM head on the last stage,
+    which is then the FLOP-busiest with no layer; the per-layer costs are paced by 3 layers."""
+    f = features(rows({"pp": 8, "tp": 8, "grad_acc": 16}), WORK_1B)
+    assert f.loc[0, "pipe_tp_sync"] == 16 * (3 - 1) * (8 - 1)
+
+
+def test_a_measured_fabric_replaces_the_catalogs_inter_node_bandwidth() -> None:
+    """A table's runs may carry the all-reduce bandwidth their job measured across its nodes
+    (shared by a node's 8 GPUs): a slow fabric makes inter-node traffic slower, none leaves the
+    catalog's figure, and traffic inside a node does not change."""
+    layouts = rows({"dp": 16}, {"dp": 16}, {"dp": 16}, {"dp": 8})
+    measured = layouts.assign(inter_node_busbw_GBps=[np.nan, 8 * H100.inter_node_GBps, 13.0,
+                                                     13.0])
+    f, g = features(layouts, WORK_1B), features(measured, WORK_1B)
+    assert g.loc[0, "dp_comm_inter"] == pytest.approx(f.loc[0, "dp_comm_inter"])
+    assert g.loc[1, "dp_comm_inter"] == pytest.approx(f.loc[1, "dp_comm_inter"])
+    assert g.loc[2, "dp_comm_inter"] > 5 * f.loc[2, "dp_comm_inter"]
+    assert g.loc[3, "dp_comm"] == pytest.approx(f.loc[3, "dp_comm"])
+
+
 def test_zero_shards_the_optimizer_update() -> None:
     f = features(rows({"dp": 8, "zero_stage": 0}, {"dp": 8, "zero_stage": 1}), WORK_1B)
     assert f.loc[0, "optimizer"] == pytest.approx(8 * f.loc[1, "optimizer"])

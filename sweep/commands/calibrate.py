@@ -22,9 +22,9 @@ from sweep.calibrate import (
     Fit,
     error_summary,
     fit,
+    fit_exclusions,
     model_names_for,
     relative_errors,
-    stale_pipeline_runs,
     workloads_for,
 )
 from sweep.cli import UserError
@@ -62,11 +62,11 @@ def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Wo
     """(model name, completed runs, workload) per spec model that has runs in the table."""
     workloads = workloads_for(spec)
     table = read_runs(path)
-    stale = stale_pipeline_runs(table)  # the charts table has no flag: there they stay in
-    if stale.any():
-        print(f"left out {int(stale.sum())} pipeline runs made before nanotron's pipeline "
-              f"fix (after_pp_fix = False)")
-    table = table[~stale]
+    for reason, excluded in fit_exclusions(table).items():  # the charts table flags neither
+        excluded = excluded.loc[table.index]
+        if excluded.any():
+            print(f"left out {int(excluded.sum())} {reason}")
+        table = table[~excluded]
     try:
         rows = normalise_runs(table, str(path), workloads)
     except ValueError as error:
@@ -96,7 +96,8 @@ def coefficients_payload(result: Fit, source: Path, spec: Spec,
                 "command": f"sweep calibrate {source} --spec <{spec.name}>",
                 "function": "sweep.calibrate.fit",
                 "source_sha256": file_sha256(source),
-                "left_out": "nanotron's pre-fix pipeline runs (after_pp_fix = False)",
+                "left_out": "nanotron's pre-fix pipeline runs (after_pp_fix = False) and runs "
+                            "on a node whose NVLink all-reduce measured under half the median",
                 "objective": "mean pseudo-Huber loss (delta 0.05) of log(predicted / measured) "
                              "step time, ridge 1e-4 towards the physical prior; inter_scaling "
                              "from a grid by the median error",
