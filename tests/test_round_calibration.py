@@ -127,6 +127,11 @@ def test_resume_of_a_one_round_sweep_renders_what_the_re_plan_keeps_for_the_firs
     from sweep.render import run_dirs_of
 
     spec_path, out = tight_spec(tmp_path), tmp_path / "sweep"
+    assert main(["render", str(spec_path), "--out", str(out)]) == 0
+    capsys.readouterr()
+    _recalibrate(out, enabled=True)  # nothing ran yet: one short line, no path
+    assert capsys.readouterr().out.startswith(
+        "self-calibration: nothing to learn from yet (no completed or OOM attempt of ")
     assert main(["run", str(spec_path), "--out", str(out), "--no-report"]) == 0
     assert len(run_dirs_of(out)) == 2
     capsys.readouterr()

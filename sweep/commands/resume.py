@@ -100,7 +100,8 @@ def _recalibrate(folder: Path, *, enabled: bool) -> None:
     verdict = calibration.replan("resume")
     record = calibration.rounds[-1]
     if not record.get("calibrated"):
-        print(f"self-calibration: not yet ({record.get('reason')})")
+        reason = str(record.get("reason", "")).removeprefix(f"{folder / 'runs.parquet'}: ")
+        print(f"self-calibration: nothing to learn from yet ({reason.split(';')[0]})")
         return
     new = len(set(verdict.eligible) - before)
     print(f"self-calibration: reserved peak × {record['memory']['factor']:.3f} from "
