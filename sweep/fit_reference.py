@@ -57,7 +57,8 @@ class GeluShape(ModelShape):
     mlp: str = "gelu"
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int) -> GeluShape:
+def gpt_shape(name: str, layers: int, hidden: int, heads: int, vocab: int) -> GeluShape:
+    """A GPT/MPT shape: tied embeddings, full multi-head attention, a 4× GELU MLP."""
     return GeluShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
                      tie_word_embeddings=True)
@@ -109,7 +110,7 @@ def llmfoundry_basis(path: str | Path) -> Basis:
         hidden, heads, layers = MPT_SHAPES[str(r["Model"])]
         seq, gpus = int(r["SeqLen (T)"]), int(r["# GPUs"])
         entries.append(Published(
-            _gpt(f"mpt-{r['Model']}", layers, hidden, heads, MPT_VOCAB),
+            gpt_shape(f"mpt-{r['Model']}", layers, hidden, heads, MPT_VOCAB),
             {"dp": gpus, "tp": 1, "pp": 1, "mbs": int(r["MicroBatchSize"]),
              "grad_acc": int(r["GradAccum"]),
              "zero_stage": 3 if r["Sharding Strategy"] == "FULL_SHARD" else 2,
@@ -124,7 +125,7 @@ def megatron_core_basis(path: str | Path) -> Basis:
     does (the table does not say): micro-batch 1, distributed optimizer, sequence parallelism,
     selective recomputation, 1F1B; DP and GBS as published."""
     entries = [Published(
-        _gpt(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
+        gpt_shape(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
              int(r.attention_heads), int(r.vocab_size)),
         {"dp": int(r.data_parallel), "tp": int(r.tensor_parallel), "pp": int(r.pipeline_parallel),
          "mbs": 1, "grad_acc": int(r.global_batch_size) // int(r.data_parallel), "zero_stage": 1,
@@ -148,7 +149,7 @@ def narayanan_basis(path: str | Path) -> Basis:
             schedule = "interleaved_1f1b"
         dp, mbs = int(r.data_parallel_derived), int(r.micro_batch_size)
         entries.append(Published(
-            _gpt(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
+            gpt_shape(str(r.model_size_label), int(r.num_layers), int(r.hidden_size),
                  int(r.attention_heads), int(r.vocab_size)),
             {"dp": dp, "tp": int(r.tensor_parallel), "pp": int(r.pipeline_parallel), "mbs": mbs,
              "grad_acc": int(r.global_batch_size) // (dp * mbs), "zero_stage": 0,

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from sweep.catalog import get_gpu, get_model
+from sweep.fit_reference import gpt_shape
 from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.memory import (
     COMPONENTS,
@@ -478,21 +479,11 @@ def test_no_80b_layout_fits_on_one_or_two_nodes(gpus):
 #
 # Each ran on a real cluster, so each must be predicted to fit under the closest profile.
 # GPT and MPT use a two-matrix GELU MLP (expansion 4), which ModelShape cannot say yet: GeluShape
-# carries mlp="gelu" and the memory model costs two matrices and two saved FFN-wide tensors.
-
-@dataclass(frozen=True)
-class GeluShape(ModelShape):
-    mlp: str = "gelu"
-
-
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int) -> GeluShape:
-    return GeluShape(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                     num_kv_heads=heads, ffn_hidden_size=4 * hidden, vocab_size=vocab,
-                     tie_word_embeddings=True)
-
+# (sweep.fit_reference.gpt_shape) carries mlp="gelu" and the memory model costs two matrices and two
+# saved FFN-wide tensors.
 
 def test_a_gelu_mlp_has_two_matrices_and_saves_two_ffn_wide_tensors():
-    gelu = _gpt("gpt-1b", 24, 2048, 16, 50304)
+    gelu = gpt_shape("gpt-1b", 24, 2048, 16, 50304)
     swiglu = ModelShape(**{f: getattr(gelu, f) for f in ModelShape.__dataclass_fields__})
     layout = Layout(dp=1, tp=1, pp=1, mbs=1)
     g, s_ = (estimate(m, layout, seq_len=2048, profile="megatron").components for m in (gelu, swiglu))
@@ -515,7 +506,7 @@ def test_megatron_core_h100_weak_scaling_configurations_fit(refdata):
     frame = pd.read_csv(refdata / "megatron_core_h100_weak_scaling.csv")
     assert len(frame) == 9
     for r in frame.itertuples():
-        model = _gpt(r.model_size_label, r.num_layers, r.hidden_size, r.attention_heads, r.vocab_size)
+        model = gpt_shape(r.model_size_label, r.num_layers, r.hidden_size, r.attention_heads, r.vocab_size)
         layout = Layout(dp=r.data_parallel, tp=r.tensor_parallel, pp=r.pipeline_parallel, mbs=1,
                         grad_acc=r.global_batch_size // r.data_parallel, zero_stage=1,
                         recompute="selective", sp=r.tensor_parallel > 1)
@@ -529,7 +520,7 @@ def test_megatron_2021_a100_configurations_fit(refdata):
     frame = pd.read_csv(refdata / "megatron_narayanan2021_table1.csv")
     assert len(frame) == 10
     for r in frame.itertuples():
-        model = _gpt(r.model_size_label, r.num_layers, r.hidden_size, r.attention_heads, r.vocab_size)
+        model = gpt_shape(r.model_size_label, r.num_layers, r.hidden_size, r.attention_heads, r.vocab_size)
         flags = str(r.extra_flags_in_repro_script).split()
         vpp, schedule = 1, "1f1b"
         if "--num-layers-per-virtual-pipeline-stage" in flags:
@@ -574,7 +565,7 @@ def test_llmfoundry_h100_and_a100_80gb_configurations_fit(refdata):
     for _, r in frame.iterrows():
         hidden, heads, layers = MPT_SHAPES[r["Model"]]
         seq, gpus_n = int(r["SeqLen (T)"]), int(r["# GPUs"])
-        model = _gpt(f"mpt-{r['Model']}", layers, hidden, heads, 50368)
+        model = gpt_shape(f"mpt-{r['Model']}", layers, hidden, heads, 50368)
         # these runs also learn a position embedding of seq x hidden, which ModelShape lacks
         pos_params = seq * hidden
         params = model.vocab_size * hidden + pos_params + layers * 12 * hidden ** 2
