@@ -136,13 +136,20 @@ def sick_node_runs(table: pd.DataFrame) -> pd.Series:
     return (measured < 0.5 * measured.median()).fillna(False).astype(bool)
 
 
-def fit_exclusions(table: pd.DataFrame) -> dict[str, pd.Series]:
-    """Why rows of a runs table are not fitted or scored by the throughput model, each reason
-    with its rows (`stale_pipeline_runs`, `sick_node_runs`)."""
-    return {"pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)":
-            stale_pipeline_runs(table),
-            "runs on a node whose NVLink all-reduce measured under half the table's median":
-            sick_node_runs(table)}
+def without_fit_exclusions(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The rows of a runs table the throughput model is fitted and scored on, and how many were
+    left out, by reason (`stale_pipeline_runs`, then `sick_node_runs`; a row counts once)."""
+    exclusions = {"pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)":
+                  stale_pipeline_runs(table),
+                  "runs on a node whose NVLink all-reduce measured under half the table's median":
+                  sick_node_runs(table)}
+    keep = pd.Series(True, index=table.index)
+    left_out: dict[str, int] = {}
+    for reason, excluded in exclusions.items():
+        if (excluded & keep).any():
+            left_out[reason] = int((excluded & keep).sum())
+        keep &= ~excluded
+    return table[keep], left_out
 
 
 def error_summary(errors: np.ndarray) -> dict[str, float]:
@@ -220,5 +227,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
                            for name in PREDICTIONS})
 
 
-__all__ = ["fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

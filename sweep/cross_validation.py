@@ -27,7 +27,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import error_summary, fit, fit_exclusions, relative_errors
+from sweep.calibrate import error_summary, fit, relative_errors, without_fit_exclusions
 from sweep.economy import Params, score, search
 from sweep.replay_tables import Replay, normalise_runs
 from sweep.throughput import Coefficients, Workload
@@ -53,10 +53,9 @@ TOLERANCE: Final = 0.02
 def completed_rows(table: pd.DataFrame, source: str, workloads: Mapping[str, Workload],
                    names: Mapping[str, str]) -> dict[str, pd.DataFrame]:
     """Per model, the completed runs the throughput model is fitted and scored on: positive
-    throughput, and none of `sweep.calibrate.fit_exclusions` (nanotron's pre-fix pipeline runs,
-    runs on a sick node)."""
-    for excluded in fit_exclusions(table).values():
-        table = table[~excluded.loc[table.index]]
+    throughput, and none that `sweep.calibrate.without_fit_exclusions` leaves out (nanotron's
+    pre-fix pipeline runs, runs on a sick node)."""
+    table, _ = without_fit_exclusions(table)
     rows = normalise_runs(table, source, workloads)
     rows = rows.assign(model=rows.model.astype(str).map(dict(names)))
     rows = rows[rows.model.notna() & (rows.status == "completed")

@@ -93,7 +93,7 @@ class Search:
     forced: dict[str, int] = field(default_factory=dict)
     # The candidates the plan kept at some point of the search (all of them without a `replan`):
     # the ones it held back throughout were never runs of this sweep, and are left out.
-    considered: pd.Index | None = None
+    considered: pd.Index = field(default_factory=lambda: pd.Index([], dtype="int64"))
 
 
 @dataclass(frozen=True)

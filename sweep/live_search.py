@@ -102,8 +102,7 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
     result = economy.search(candidates, oracle, strategy, workloads, params=params,
                             held=None if calibration is None else calibration.held,
                             replan=calibration)
-    considered = candidates.loc[result.considered] if result.considered is not None \
-        else candidates
+    considered = candidates.loc[result.considered]  # without what the plan never kept
     search = LiveSearch(result, considered, economy.progress(result, considered))
     write_search(sweep_dir, search)
     return search

@@ -24,7 +24,6 @@ The throughput model is refitted by the adaptive strategy itself after every rou
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from sweep.calibrate import with_predictions
 from sweep.economy import Replanned
 from sweep.render import render_runs
 from sweep.spec import Spec
-from sweep.state import atomic_write_text
+from sweep.state import append_jsonl, atomic_write_json, atomic_write_with, read_jsonl
 from sweep.throughput import Coefficients
 
 ROUNDS_FILE: Final = "calibration_rounds.jsonl"
@@ -152,30 +151,18 @@ class RoundCalibration:
         self.candidates.loc[new, "run_id"] = rows["run_id"].astype(object).to_numpy()
 
     def _write_plan(self, replanned: pd.DataFrame, calibration: dict[str, Any]) -> None:
-        tmp = self.sweep_dir / f".{PLAN_FILE}.round"
-        replanned.to_parquet(tmp, index=False)
-        tmp.replace(self.sweep_dir / PLAN_FILE)
-        atomic_write_text(self.sweep_dir / self_calibration.CALIBRATION_FILE,
-                          json.dumps(calibration, indent=2, sort_keys=True, default=str) + "\n")
+        atomic_write_with(self.sweep_dir / PLAN_FILE,
+                          lambda tmp: replanned.to_parquet(tmp, index=False))
+        atomic_write_json(self.sweep_dir / self_calibration.CALIBRATION_FILE, calibration)
 
     def _append(self, record: dict[str, Any]) -> None:
         self.rounds.append(record)
-        with open(self.sweep_dir / ROUNDS_FILE, "a", encoding="utf-8") as out:
-            out.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        append_jsonl(self.sweep_dir / ROUNDS_FILE, record)
 
 
 def read_rounds(sweep_dir: Path) -> list[dict[str, Any]]:
     """The re-plans a sweep's searches recorded, oldest first (a torn last line is skipped)."""
-    path = sweep_dir / ROUNDS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return list(read_jsonl(sweep_dir / ROUNDS_FILE))
 
 
 def for_search(sweep_dir: Path, spec: Spec, plan: pd.DataFrame, *, enabled: bool = True,

@@ -171,7 +171,7 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out["measured_reserved"] = attempts["mem_reserved_bytes"].astype("float64")
     out["pred_reserved"] = np.nan
     out["pred_overhead"] = np.nan
-    budget = space.RuleContext.from_spec(spec, spec.model_shapes[0]).memory_budget_bytes
+    budget = space.memory_budget_bytes(spec)
     for name, group in attempts.groupby("model", sort=False):
         model = next(m for m in spec.model_shapes if m.name == name)
         columns: dict[str, np.ndarray] = {
@@ -278,7 +278,7 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
     total = out["mem_reserved_bytes"].astype("Int64") + out["mem_overhead_bytes"].astype("Int64")
     out.loc[judged, "mem_total_bytes"] = total[judged]
     out[PRIOR_TOTAL] = prior_total
-    budget = space.RuleContext.from_spec(spec, spec.model_shapes[0]).memory_budget_bytes
+    budget = space.memory_budget_bytes(spec)
     over = judged & False
     if budget is not None:
         mem = {c: out[c].astype("float64").to_numpy() for c in

@@ -100,6 +100,13 @@ class PlanError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
+def memory_budget_bytes(spec: Spec) -> int | None:
+    """What the memory rule allows per GPU: its memory less the spec's headroom (None: the device
+    has no fixed ceiling, and there is no memory rule)."""
+    gpu_bytes = spec.gpu_spec.memory_bytes
+    return None if gpu_bytes is None else int(gpu_bytes * (1.0 - spec.constraints.memory_headroom))
+
+
 @dataclass(frozen=True)
 class RuleContext:
     """What the rules need besides the candidate columns: one model on one hardware setup."""
@@ -123,9 +130,7 @@ class RuleContext:
 
     @classmethod
     def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
-        gpu_bytes = spec.gpu_spec.memory_bytes
-        budget = None if gpu_bytes is None else int(
-            gpu_bytes * (1.0 - spec.constraints.memory_headroom))
+        budget = memory_budget_bytes(spec)
         return cls(model=model, framework=spec.framework,
                    gpus_per_node=spec.gpus_per_node_resolved, seq_len=spec.seq_len,
                    global_batch_sequences=spec.global_batch_sequences, dtype=spec.dtype,
@@ -400,12 +405,9 @@ def plan(spec: Spec) -> pd.DataFrame:
             if by_framework.any():
                 detail[by_framework] = capability_details(
                     {k: v[by_framework] for k, v in candidates.items()}, ctx)
-            kept = code == -1
-            probe = np.zeros(len(code), bool)
-            if ctx.memory_budget_bytes is not None and "mem_total_bytes" in mem:
-                probe = kept & (mem["mem_total_bytes"] > ctx.memory_budget_bytes)
-            parts.append({**candidates, "code": code, **mem, "detail": detail, "probe": probe,
+            parts.append({**candidates, "code": code, **mem, "detail": detail,
                           "model": np.full(len(code), m_index, dtype=np.int16)})
+            kept = code == -1
             ids += chunk_run_ids(spec, model, nodes, {k: v[kept] for k, v in candidates.items()})
 
     def joined(key: str) -> np.ndarray:
@@ -426,7 +428,6 @@ def plan(spec: Spec) -> pd.DataFrame:
     columns["status"] = pd.Categorical.from_codes(code + 1, categories=STATUSES)
     columns["prune_rule"] = pd.Categorical.from_codes(code, categories=RULE_NAMES)
     columns["prune_detail"] = pd.Categorical(joined("detail"))
-    columns["probe"] = joined("probe")
     for key in dict.fromkeys(k for part in parts for k in part if k.startswith("mem_")):
         values = np.concatenate([p.get(key, np.full(len(p["code"]), -1, np.int64))
                                  for p in parts])
@@ -434,7 +435,9 @@ def plan(spec: Spec) -> pd.DataFrame:
     kept = code == -1
     slots = pa.array(np.cumsum(kept) - 1, mask=~kept)  # row → index into ids, null if pruned
     columns["run_id"] = pd.arrays.ArrowStringArray(pa.array(ids, pa.string()).take(slots))
-    return pd.DataFrame(columns, copy=False)  # the arrays are fresh: no second copy
+    frame = pd.DataFrame(columns, copy=False)  # the arrays are fresh: no second copy
+    frame["probe"] = is_probe(frame, memory_budget_bytes(spec))
+    return frame
 
 
 def layout_of(row: Mapping[str, object]) -> Layout:

@@ -60,6 +60,20 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     _fsync_dir(path.parent)
 
 
+def atomic_write_with(path: str | Path, write: Callable[[str], None]) -> None:
+    """Write `path` whole or not at all: `write` fills a temporary file beside it (a parquet
+    writer, say), which then replaces it; a reader sees the old file or the new one."""
+    path = Path(path)
+    fd, tmp = make_temp(path)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 

@@ -22,9 +22,9 @@ from sweep.calibrate import (
     Fit,
     error_summary,
     fit,
-    fit_exclusions,
     model_names_for,
     relative_errors,
+    without_fit_exclusions,
     workloads_for,
 )
 from sweep.cli import UserError
@@ -62,11 +62,9 @@ def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Wo
     """(model name, completed runs, workload) per spec model that has runs in the table."""
     workloads = workloads_for(spec)
     table = read_runs(path)
-    for reason, excluded in fit_exclusions(table).items():  # the charts table flags neither
-        excluded = excluded.loc[table.index]
-        if excluded.any():
-            print(f"left out {int(excluded.sum())} {reason}")
-        table = table[~excluded]
+    table, left_out = without_fit_exclusions(table)  # the charts table flags neither
+    for reason, count in left_out.items():
+        print(f"left out {count} {reason}")
     try:
         rows = normalise_runs(table, str(path), workloads)
     except ValueError as error:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -36,7 +35,7 @@ from sweep.commands.calibrate import (
 )
 from sweep.memory_profiles import RESERVED_BAND, reserved_interval
 from sweep.spec import Spec, load_spec
-from sweep.state import atomic_write_text, make_temp
+from sweep.state import atomic_write_text, atomic_write_with
 from sweep.throughput import Coefficients
 
 PLAN_FILE = "plan.parquet"
@@ -137,10 +136,9 @@ class MemoryVerdicts:
 def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
     """Counts of the memory rule's verdicts against the model's uncertainty band
     (sweep.memory_profiles.reserved_interval); None when the GPU has no memory ceiling."""
-    budget = spec.gpu_spec.memory_bytes
+    budget = space.memory_budget_bytes(spec)
     if budget is None or "mem_reserved_bytes" not in frame:
         return None
-    budget = int(budget * (1.0 - spec.constraints.memory_headroom))
     judged = frame["status"].isin([space.KEPT, "pruned:memory"]) \
         & frame["mem_reserved_bytes"].notna()
     rows = frame[judged]
@@ -267,14 +265,7 @@ def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> N
         raise UserError(f"{out} holds runs of another spec (hash {previous}); give --out a new "
                         "directory, or remove the old sweep first")
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = make_temp(out / PLAN_FILE)
-    os.close(fd)
-    try:
-        frame.to_parquet(tmp, index=False)
-        os.replace(tmp, out / PLAN_FILE)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_with(out / PLAN_FILE, lambda tmp: frame.to_parquet(tmp, index=False))
     header = (f"# spec_hash: {spec.spec_hash()}\n"
               f"# planned by `sweep plan` from {spec_path}; the text below is that file's\n")
     atomic_write_text(out / SPEC_COPY, header + spec_path.read_text(encoding="utf-8"))
