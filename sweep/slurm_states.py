@@ -43,6 +43,12 @@ def normalize_state(state: str) -> str:
     return word.rstrip("+").upper()
 
 
+def has_ended(state: str) -> bool:
+    """Whether an accounting state (`CANCELLED by 1000`, `COMPLETED`, ...) is a job's end."""
+    word = normalize_state(state)
+    return bool(word) and word not in PENDING_STATES
+
+
 def parse_exit_code(text: str | None, field: str = "ExitCode") -> tuple[int, int] | None:
     """sacct's 'code:signal' -> (code, signal); None for an empty field."""
     if text is None or not text.strip():
@@ -67,7 +73,7 @@ def outcome_from_sacct(
         )
     job = normalize_state(job_state)
     steps = [normalize_state(s) for s in step_states if s and s.strip()]
-    if not job or job in PENDING_STATES:
+    if not has_ended(job):
         return None
     code = parse_exit_code(exit_code, "ExitCode")
     derived = parse_exit_code(derived_exit_code, "DerivedExitCode")

@@ -27,7 +27,7 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -39,7 +39,7 @@ from sweep.progress import read_tail
 from sweep.render import RUNS_DIR
 from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
-from sweep.slurm_states import node_failures_in_srun_output
+from sweep.slurm_states import has_ended, node_failures_in_srun_output
 from sweep.state import (
     STATUS_FILE,
     LockHeld,
@@ -303,15 +303,37 @@ class Tracker(SweepFolder):
         return Observation(states=states, infos=self.run_info(), failures=failures,
                            excluded=excluded, slurm_calls=calls)
 
+    def await_accounting(self, task_ids: Collection[str], wait_s: float) -> list[str]:
+        """Poll sacct until it has recorded the end of every task in `task_ids` ("M_i"), for at
+        most `wait_s`; the tasks it still has not recorded. slurmdbd learns of a cancel a moment
+        after slurmctld, and a status read in between would call a cancelled task running."""
+        masters = sorted({task.split("_")[0] for task in task_ids})
+        deadline = time.monotonic() + wait_s
+        while True:
+            ended = {task for entry in self.slurm.accounting(masters) if has_ended(entry.state)
+                     for task in _task_ids(entry.job_id)}
+            waiting = sorted(set(task_ids) - ended)
+            if not waiting or time.monotonic() >= deadline:
+                return waiting
+            time.sleep(0.2)
+
     def _slurm_views(self, masters: Sequence[str]) -> dict[str, SlurmView]:
         """Slurm's view by task id ("M_i"), and by array id ("M") for an array whose tasks were
-        never split off (a held or pending array cancelled as a whole is one record "M")."""
+        never split off (a held or pending array cancelled as a whole is one record "M").
+
+        squeue's view wins over accounting's, except for a COMPLETING task whose accounting
+        already holds its end: right after `scancel` a task sits in squeue as COMPLETING until
+        its processes are gone (KillWait), while sacct already says CANCELLED. The task has
+        ended, and `sweep status` says how."""
         views: dict[str, SlurmView] = {}
         for entry in self.slurm.accounting(masters):
             for task_id in _task_ids(entry.job_id):
                 views[task_id] = _acct_view(entry)
         for queued in self.slurm.queue(masters):
             for task_id in _task_ids(queued.job_id):
+                ended = views.get(task_id)
+                if queued.state == "COMPLETING" and ended is not None and has_ended(ended.state):
+                    continue
                 views[task_id] = _queue_view(queued)
         return views
 

@@ -1,12 +1,17 @@
-"""Shared test fixtures: where the repository and the reference data are."""
+"""Shared test fixtures: where the repository and the reference data are, the local Slurm
+cluster, and a sweep name unique to a test."""
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sweep.refdata import FETCH_HINT, refdata_dir
+from tests.slurm_sweeps import cancel_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 REFDATA = refdata_dir()
@@ -52,3 +57,13 @@ def slurm_cluster() -> None:
     if os.environ.get("SWEEP_REQUIRE_SLURM") == "1":
         pytest.fail(message)
     pytest.skip(message)
+
+
+@pytest.fixture
+def sweep_name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A sweep name of this test and process, as job comments carry it; whatever the sweep
+    leaves in Slurm is cancelled after the test."""
+    test = re.sub(r"[^A-Za-z0-9]+", "-", request.node.name)  # parametrised ids have [ ]
+    name = f"s{os.getpid()}-{test[-18:].strip('-')}"
+    yield name
+    cancel_sweep(name)

@@ -1,8 +1,10 @@
 """Helpers for the live submission tests: a PATH that reaches the venv's python from inside
-jobs, waiting on a sweep's runs, and the jobs Slurm holds for a sweep (by comment)."""
+jobs, a synthetic sweep folder, waiting on a sweep's runs, and the jobs Slurm holds for a
+sweep (by comment)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +22,23 @@ VENV_BIN = str(Path(sys.executable).parent)
 def job_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """sbatch exports the submitter's environment: jobs find `python3` (the venv) on PATH."""
     monkeypatch.setenv("PATH", os.pathsep.join([VENV_BIN, os.environ["PATH"]]))
+
+
+def synthetic_sweep(root: Path, name: str, count: int, shapes: int, body: str = "true\n") -> list[str]:
+    """A sweep folder of `count` runs whose job.sbatch asks for `shapes` different time limits
+    (so as many arrays) and runs `body` (a bash script's lines)."""
+    ids = []
+    for i in range(count):
+        run_id = f"r{i:04d}"
+        run_dir = root / "runs" / run_id
+        (run_dir / "attempts").mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "sweep": name,
+                                                      "nodes": 1, "model": {"name": "m"}}))
+        (run_dir / "job.sbatch").write_text(
+            f"#!/bin/bash\n#SBATCH --job-name={name}.{run_id}\n#SBATCH --nodes=1\n"
+            f"#SBATCH --time={1 + i % shapes}\n#SBATCH --no-requeue\n{body}")
+        ids.append(run_id)
+    return ids
 
 
 def wait_until_settled(sweep_dir: Path, timeout_s: float, every_s: float = 2.0) -> Observation:

@@ -15,7 +15,7 @@ import pytest
 
 from sweep.cli import main
 from sweep.preflight import node_check, sbatch_options, script_text, target_of
-from tests.slurm_sweeps import cancel_sweep, sweep_tasks, wait_until_settled
+from tests.slurm_sweeps import sweep_tasks, wait_until_settled
 
 RUN_JSON = {"framework": "builtin", "gpu": "cpu", "gpus_per_node": 2,
             "settings": {"python": "/opt/venv bench/bin/python", "partition": "debug",
@@ -69,13 +69,6 @@ def spec_file(tmp_path: Path, name: str, extra: str = "") -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC.format(name=name, extra=extra))
     return path
-
-
-@pytest.fixture
-def sweep_name(request: pytest.FixtureRequest):
-    name = f"p{os.getpid()}-{request.node.name[-18:].strip('_').replace('_', '-')}"
-    yield name
-    cancel_sweep(name)
 
 
 @pytest.mark.slurm

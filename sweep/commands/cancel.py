@@ -6,7 +6,9 @@ states, or only the given runs' tasks. Cancelled runs show as `cancelled`; `swee
 
 A detached sweep's driver and report job are cancelled first (all of the sweep, not with --only
 or --run), and waited for until they have left the queue, so that no driver submits a round
-after its arrays were cancelled.
+after its arrays were cancelled. Then it waits (at most ACCOUNTING_WAIT_S) until Slurm's
+accounting has recorded the end of every cancelled task, so that a `sweep status` right after
+says `cancelled`, not `running`, while Slurm is still killing the tasks' processes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ if TYPE_CHECKING:
     from sweep.tracker import Tracker
 
 DRIVER_GONE_WAIT_S: Final = 60.0
+ACCOUNTING_WAIT_S: Final = 15.0  # for slurmdbd to record the cancel that slurmctld has made
 
 STATES = {"pending": "PENDING", "running": "RUNNING", "suspended": "SUSPENDED"}
 
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
                 stopped = stop_driver(tracker)
             subs = tracker.reconcile(write=True)
             masters = sorted({s.job_id for s in subs if s.job_id})
-            live = [entry.job_id for entry in tracker.slurm.queue(masters)] if masters else []
+            queued = tracker.slurm.queue(masters) if masters else []
+            live = [entry.job_id for entry in queued]
             if args.run:
                 latest = latest_tasks(subs)
                 unknown = [r for r in args.run if r not in latest]
@@ -78,10 +82,14 @@ def run(args: argparse.Namespace) -> int:
                     raise UserError(f"--run {unknown[0]}: this sweep never submitted that run "
                                     f"(see `sweep status {args.sweep_dir}`)")
                 targets = [latest[r].task_id for r in args.run if latest[r].task_id in live]
+                ending = targets
             else:  # only arrays with a task in the queue: the others are over
                 targets = sorted({job.split("_")[0] for job in live})
+                chosen = {STATES[s] for s in states}
+                ending = [entry.job_id for entry in queued if not chosen or entry.state in chosen]
             if targets:
                 tracker.slurm.cancel(targets, states=[STATES[s] for s in states])
+            unrecorded = tracker.await_accounting(ending, ACCOUNTING_WAIT_S) if targets else []
     except SlurmError as error:
         raise UserError(str(error)) from None
     if stopped:
@@ -89,4 +97,8 @@ def run(args: argparse.Namespace) -> int:
     scope = f" in state {','.join(states)}" if states else ""
     print(f"cancelled {len(targets)} {'task(s)' if args.run else 'job array(s)'}{scope} "
           f"of {tracker.dir.name}")
+    if unrecorded:
+        print(f"Slurm's accounting has not yet recorded the end of {len(unrecorded)} task(s) "
+              f"({', '.join(unrecorded[:5])}{' ...' if len(unrecorded) > 5 else ''}): "
+              f"`sweep status` shows them in flight until it does")
     return 0

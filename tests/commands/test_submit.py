@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -23,9 +22,9 @@ from sweep.state import read_jsonl
 from sweep.submission import job_comment, submissions
 from sweep.tracker import TASKS_FILE, Tracker
 from tests.slurm_sweeps import (
-    cancel_sweep,
     job_path,
     sweep_tasks,
+    synthetic_sweep,
     wait_until_gone,
     wait_until_settled,
 )
@@ -53,13 +52,6 @@ run:
   signal_before_s: 20
   exclusive: false
 """
-
-
-@pytest.fixture
-def sweep_name(request: pytest.FixtureRequest) -> Iterator[str]:
-    name = f"t{os.getpid()}-{request.node.name[-20:].strip('_').replace('_', '-')}"
-    yield name
-    cancel_sweep(name)
 
 
 @pytest.fixture
@@ -111,23 +103,6 @@ def test_a_builtin_sweep_of_two_node_runs_completes_and_collects(
     assert main(["status", str(out)]) == 0
     shown = capsys.readouterr().out
     assert "completed" in shown and "bad nodes excluded from later submissions: none" in shown
-
-
-def synthetic_sweep(root: Path, name: str, count: int, shapes: int) -> list[str]:
-    """Run folders whose job.sbatch asks for `shapes` different time limits (so as many
-    arrays); held in these tests, they never run."""
-    ids = []
-    for i in range(count):
-        run_id = f"r{i:04d}"
-        run_dir = root / "runs" / run_id
-        (run_dir / "attempts").mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"run_id": run_id, "sweep": name,
-                                                      "nodes": 1, "model": {"name": "m"}}))
-        (run_dir / "job.sbatch").write_text(
-            f"#!/bin/bash\n#SBATCH --job-name={name}.{run_id}\n#SBATCH --nodes=1\n"
-            f"#SBATCH --time={1 + i % shapes}\n#SBATCH --no-requeue\ntrue\n")
-        ids.append(run_id)
-    return ids
 
 
 def submitted_runs(root: Path, sweep: str) -> list[str]:
