@@ -36,9 +36,9 @@ def evidence(*rows: tuple[str, float | None, float, float | None]) -> pd.DataFra
         "limit": [np.nan if r[3] is None else r[3] * MiB for r in rows]})
 
 
-def test_completed_attempts_alone_scale_the_prediction_to_cover_every_measured_peak() -> None:
+def test_completed_attempts_alone_scale_the_prediction_by_their_central_ratio() -> None:
     fit = fit_correction(evidence(("completed", 30, 100, None), ("completed", 40, 200, None)))
-    assert fit.factor == pytest.approx(0.3)  # max(30/100, 40/200)
+    assert fit.factor == pytest.approx((0.3 * 0.2) ** 0.5)  # geometric mean of 30/100, 40/200
     assert (fit.lower, fit.upper, fit.bound_by) == (None, None, "measured peaks")
     assert (fit.n_completed, fit.n_oom, fit.n_measured, fit.n_unbounded) == (2, 0, 2, 2)
 
