@@ -89,9 +89,14 @@ def run(args: argparse.Namespace) -> int:
                 ending = [entry.job_id for entry in queued if not chosen or entry.state in chosen]
             if targets:
                 tracker.slurm.cancel(targets, states=[STATES[s] for s in states])
-            unrecorded = tracker.await_accounting(ending, ACCOUNTING_WAIT_S) if targets else []
     except SlurmError as error:
         raise UserError(str(error)) from None
+    unrecorded: list[str] = []
+    unconfirmed = ""
+    try:  # the cancels are made: accounting that cannot answer must not undo the report of them
+        unrecorded = tracker.await_accounting(ending, ACCOUNTING_WAIT_S) if targets else []
+    except SlurmError as error:
+        unconfirmed = str(error)
     if stopped:
         print(f"stopped the sweep's driver/report job(s): {', '.join(stopped)}")
     scope = f" in state {','.join(states)}" if states else ""
@@ -101,4 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"Slurm's accounting has not yet recorded the end of {len(unrecorded)} task(s) "
               f"({', '.join(unrecorded[:5])}{' ...' if len(unrecorded) > 5 else ''}): "
               f"`sweep status` shows them in flight until it does")
+    if unconfirmed:
+        print(f"could not confirm the cancels in Slurm's accounting ({unconfirmed}); `sweep "
+              "status` may show them in flight until it answers")
     return 0

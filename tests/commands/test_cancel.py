@@ -3,6 +3,7 @@ Slurm is still tearing its jobs down."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -43,3 +44,30 @@ def test_a_cancelled_task_is_cancelled_while_slurm_still_completes_it(
     finally:
         cancel_sweep(sweep_name)
     assert len(sweep_tasks(sweep_name)) <= 2
+
+
+@pytest.mark.slurm
+def test_cancels_are_made_and_reported_where_accounting_cannot_answer(
+        slurm_cluster: None, sweep_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster without accounting (AccountingStorageType=none), stood in for by a `sacct` on
+    PATH that fails as that one does; squeue and scancel are the real ones."""
+    root = tmp_path / "sweep"
+    synthetic_sweep(root, sweep_name, count=2, shapes=1)
+    assert main(["submit", str(root), "--hold", "--no-report"]) == 0
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text(
+        "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    (fake / "sacct").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    capsys.readouterr()
+    assert main(["cancel", str(root)]) == 0
+    printed = capsys.readouterr().out
+    assert "cancelled 1 job array(s)" in printed
+    assert "could not confirm the cancels in Slurm's accounting" in printed
+    assert "accounting storage is disabled" in printed
+    deadline = time.monotonic() + 30
+    while queue_states(sweep_name) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert queue_states(sweep_name) == set()  # the arrays really were cancelled
