@@ -22,8 +22,8 @@ predicted overhead o_i and the memory limit L_i it ran under:
    what the band straddles as a probe), so t is the central ratio, not the largest: the largest
    inflates every prediction by the worst-predicted attempt's error and prunes runs that fit.
    (`benchmarks/self_calibration_transfer.py` measures both on a model the constants were not
-   fitted on: the largest ratio loses 2-6 % of that model's successful runs and doubles the
-   error of its reserved peaks, where the geometric mean keeps as many as the prior);
+   fitted on: the largest ratio keeps 2-3 % fewer of that model's successful runs than the
+   geometric mean, on average over its settings, and doubles the error of the reserved peaks);
 2. every completed attempt must be predicted to fit, k·r_i + o_i <= L_i: an upper bound (a run
    that ran is proof its configuration fits);
 3. every OOM must be predicted not to fit, k·r_i + o_i > L_i: a lower bound;

@@ -55,12 +55,24 @@ def wait_until_settled(sweep_dir: Path, timeout_s: float, every_s: float = 2.0) 
         time.sleep(every_s)
 
 
+def _sweep_queue(sweep: str, field: str, every_state: bool) -> list[tuple[str, str]]:
+    """(squeue `field`, comment) of each array task whose comment names this sweep: every job
+    slurmctld holds, or (not `every_state`) those pending, running or completing."""
+    states = ["-t", "all"] if every_state else []
+    out = subprocess.run(["squeue", "-h", "-r", *states, "-o", f"{field}|%k"],
+                         capture_output=True, text=True, check=True).stdout
+    return [(value, comment) for value, _, comment in (line.partition("|") for line in out.splitlines())
+            if f"sweep={sweep};" in comment]
+
+
 def sweep_tasks(sweep: str) -> list[tuple[str, str]]:
     """(task id, comment) of every job slurmctld holds whose comment names this sweep."""
-    out = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-o", "%i|%k"], capture_output=True,
-                         text=True, check=True).stdout
-    return [(job, comment) for job, _, comment in (line.partition("|") for line in out.splitlines())
-            if f"sweep={sweep};" in comment]
+    return _sweep_queue(sweep, "%i", every_state=True)
+
+
+def sweep_task_states(sweep: str) -> set[str]:
+    """The states (RUNNING, COMPLETING, ...) of the sweep's tasks still in the queue."""
+    return {state for state, _ in _sweep_queue(sweep, "%T", every_state=False)}
 
 
 def cancel_sweep(sweep: str) -> None:

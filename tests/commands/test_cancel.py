@@ -4,7 +4,6 @@ Slurm is still tearing its jobs down."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -12,18 +11,11 @@ import pytest
 
 from sweep.cli import main
 from sweep.tracker import Tracker
-from tests.slurm_sweeps import cancel_sweep, sweep_tasks, synthetic_sweep
+from tests.slurm_sweeps import sweep_task_states, sweep_tasks, synthetic_sweep
 
 # A job that, like the watchdog, takes its time over SIGTERM: Slurm keeps it COMPLETING until
 # KillWait (5 s on the local cluster) sends SIGKILL.
 SLOW_TO_DIE = "trap 'sleep 30' TERM\nsleep 300 &\nwait\n"
-
-
-def queue_states(sweep: str) -> set[str]:
-    out = subprocess.run(["squeue", "-h", "-r", "-o", "%T|%k"], capture_output=True, text=True,
-                         check=True).stdout
-    return {state for state, _, comment in (line.partition("|") for line in out.splitlines())
-            if f"sweep={sweep};" in comment}
 
 
 @pytest.mark.slurm
@@ -31,18 +23,15 @@ def test_a_cancelled_task_is_cancelled_while_slurm_still_completes_it(
         slurm_cluster: None, sweep_name: str, tmp_path: Path) -> None:
     root = tmp_path / "sweep"
     synthetic_sweep(root, sweep_name, count=2, shapes=1, body=SLOW_TO_DIE)
-    try:
-        assert main(["submit", str(root)]) == 0
-        deadline = time.monotonic() + 60
-        while queue_states(sweep_name) != {"RUNNING"} and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert queue_states(sweep_name) == {"RUNNING"}
-        assert main(["cancel", str(root)]) == 0
-        states = {s.state for s in Tracker(root).observe().states}
-        assert queue_states(sweep_name) == {"COMPLETING"}  # Slurm is still killing them ...
-        assert states == {"cancelled"}  # ... but they have ended, and status says how
-    finally:
-        cancel_sweep(sweep_name)
+    assert main(["submit", str(root)]) == 0
+    deadline = time.monotonic() + 60
+    while sweep_task_states(sweep_name) != {"RUNNING"} and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert sweep_task_states(sweep_name) == {"RUNNING"}
+    assert main(["cancel", str(root)]) == 0
+    states = {s.state for s in Tracker(root).observe().states}
+    assert sweep_task_states(sweep_name) == {"COMPLETING"}  # Slurm is still killing them ...
+    assert states == {"cancelled"}  # ... but they have ended, and status says how
     assert len(sweep_tasks(sweep_name)) <= 2
 
 
@@ -68,6 +57,6 @@ def test_cancels_are_made_and_reported_where_accounting_cannot_answer(
     assert "could not confirm the cancels in Slurm's accounting" in printed
     assert "accounting storage is disabled" in printed
     deadline = time.monotonic() + 30
-    while queue_states(sweep_name) and time.monotonic() < deadline:
+    while sweep_task_states(sweep_name) and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert queue_states(sweep_name) == set()  # the arrays really were cancelled
+    assert sweep_task_states(sweep_name) == set()  # the arrays really were cancelled
