@@ -32,6 +32,7 @@ from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, file_sha256
 from sweep.throughput import Coefficients, Workload
+from sweep.throughput_self_calibration import SelfCalibration
 
 COEFFICIENTS_FILE = "throughput.json"
 
@@ -103,6 +104,37 @@ def coefficients_payload(result: Fit, source: Path, spec: Spec,
                 "llm_sweep_version": __version__,
                 "held_out": held_out or {},
             }}
+
+
+def self_calibration_payload(result: SelfCalibration, source: Path, spec: Spec) -> dict:
+    """throughput.json as `sweep plan --calibrate-from` writes it: the calibrated coefficients,
+    the prior they came from and how (`load_prior` reads the prior back, so calibrating again
+    does not compound), and the runs file (path and sha256)."""
+    from sweep import __version__
+
+    return {"coefficients": result.coefficients.to_dict(), "rows": result.rows,
+            "median_abs_error": result.median_abs_error, "p90_abs_error": result.p90_abs_error,
+            "source": str(source), "spec": spec.name, "spec_hash": spec.spec_hash(),
+            "self_calibration": result.to_dict(),
+            "provenance": {
+                "command": f"sweep plan <{spec.name}> --calibrate-from {source}",
+                "function": "sweep.throughput_self_calibration.self_calibrate",
+                "source_sha256": file_sha256(source),
+                "llm_sweep_version": __version__,
+            }}
+
+
+def load_prior(path: Path) -> Coefficients:
+    """The prior to calibrate from a coefficients file: the prior a self-calibration recorded
+    in it, else its coefficients (a `sweep calibrate` fit)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        recorded = data.get("self_calibration") if isinstance(data, dict) else None
+        if isinstance(recorded, dict) and "prior" in recorded:
+            return Coefficients.from_dict(recorded["prior"])
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # load_coefficients says what is wrong with the file
+    return load_coefficients(path)
 
 
 def load_coefficients(path: Path) -> Coefficients:

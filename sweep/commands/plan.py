@@ -6,10 +6,13 @@ spec is invalid or no plan can be made. `--explain RUN_ID` prints the memory bre
 kept configuration and writes nothing.
 
 `--calibrate-from RUNS` (a runs.parquet of this sweep's own attempts) corrects the memory model
-with the attempts' measured peaks and outcomes (`sweep.self_calibration`), fits the throughput
-model to their step times when there are enough (as `sweep calibrate` does), re-plans, and writes
-what it used to DIR/calibration.json (and DIR/throughput.json). A later `sweep plan` of the same
-spec applies the recorded memory correction again, as it reads DIR/throughput.json.
+with the attempts' measured peaks and outcomes (`sweep.self_calibration`), calibrates the
+throughput model the plan predicts with (`--coefficients`, else DIR/throughput.json, else the
+physical prior) on their step times (`sweep.throughput_self_calibration`: scaled, or refitted
+where that cross-validates better), re-plans, and writes what it used to DIR/calibration.json
+and DIR/throughput.json. A later `sweep plan` of the same spec applies the recorded memory
+correction again, as it reads DIR/throughput.json; calibrating again starts from the prior that
+file records, not from its own output.
 """
 
 from __future__ import annotations
@@ -25,18 +28,20 @@ from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, self_calibration, space
-from sweep.calibrate import fit, with_predictions
+from sweep.calibrate import with_predictions
 from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
-    coefficients_payload,
     completed_groups,
     load_coefficients,
+    load_prior,
+    self_calibration_payload,
 )
 from sweep.memory_profiles import RESERVED_BAND, reserved_interval
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, atomic_write_with
 from sweep.throughput import Coefficients
+from sweep.throughput_self_calibration import self_calibrate
 
 PLAN_FILE = "plan.parquet"
 SPEC_COPY = "spec.yaml"
@@ -58,9 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "prior)")
     parser.add_argument("--calibrate-from", metavar="RUNS", type=Path, default=None,
                         help="runs.parquet of this sweep's own attempts: correct the memory "
-                             "model with their measured peaks and outcomes, refit the "
-                             "throughput model on them, re-plan, and record both in "
-                             f"<out>/{self_calibration.CALIBRATION_FILE}")
+                             "model with their measured peaks and outcomes, calibrate the "
+                             "throughput model on their step times, re-plan, and record both "
+                             f"in <out>/{self_calibration.CALIBRATION_FILE}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     throughput = load_coefficients(coefficients) if coefficients.is_file() else Coefficients()
     files: dict[str, str] = {}  # written once the plan is
     if args.calibrate_from is not None:
+        prior = load_prior(coefficients) if coefficients.is_file() else Coefficients()
         frame, throughput, files, calibration_lines = calibrate_from(
-            args.calibrate_from, spec, frame, throughput, fit_throughput=args.coefficients is None)
+            args.calibrate_from, spec, frame, prior)
     else:
         frame, calibration_lines = recorded_calibration(out, spec, frame)
     frame = with_predictions(frame, spec, throughput)
@@ -153,13 +159,13 @@ def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
                           band=RESERVED_BAND)
 
 
-def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, throughput: Coefficients,
-                   fit_throughput: bool = True
+def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficients
                    ) -> tuple[pd.DataFrame, Coefficients, dict[str, str], list[str]]:
-    """Re-plan with the memory correction fitted on RUNS and, unless --coefficients names a
-    file or RUNS has too few completed attempts, refit the throughput model on them as `sweep
-    calibrate` does. Returns the plan, the throughput coefficients to predict with, the files
-    to write into the sweep folder (calibration.json, throughput.json) and the lines to print."""
+    """Re-plan with the memory correction fitted on RUNS, and calibrate the throughput prior on
+    their completed runs (`sweep.throughput_self_calibration`; the prior stays where none has a
+    measured throughput). Returns the plan, the throughput coefficients to predict with, the
+    files to write into the sweep folder (calibration.json, throughput.json) and the lines to
+    print."""
     try:
         calibration = self_calibration.calibrate(runs, spec)
     except self_calibration.CalibrationError as error:
@@ -169,21 +175,19 @@ def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, throughput: Coef
     lines = self_calibration.describe(calibration, changed)
     record: dict[str, object] = {**calibration.to_dict(), "status_changes": changed}
     files: dict[str, str] = {}
-    if fit_throughput:
-        groups = completed_groups(runs, spec)
-        try:
-            result = fit([(group, work) for _, group, work in groups])
-        except ValueError as error:
-            record["throughput"] = {"fitted": False, "reason": str(error)}
-            lines.append(f"  throughput: not refitted ({error}); predictions use the "
-                         f"sweep folder's {COEFFICIENTS_FILE} if there, else the prior")
-        else:
-            payload = coefficients_payload(result, runs, spec)
-            record["throughput"] = {"fitted": True, "file": COEFFICIENTS_FILE, **payload}
-            files[COEFFICIENTS_FILE] = json.dumps(payload, indent=2, sort_keys=True) + "\n"
-            throughput = result.coefficients
-            lines.append(f"  throughput: refitted on {result.rows} completed run(s), median "
-                         f"|error| {result.median_abs_error:.1%}")
+    throughput = prior
+    try:
+        result = self_calibrate([(group, work) for _, group, work in completed_groups(runs, spec)],
+                                prior)
+    except ValueError as error:
+        record["throughput"] = {"fitted": False, "reason": str(error)}
+        lines.append(f"  throughput: not calibrated ({error}); predictions use the prior")
+    else:
+        payload = self_calibration_payload(result, runs, spec)
+        record["throughput"] = {"fitted": True, "file": COEFFICIENTS_FILE, **payload}
+        files[COEFFICIENTS_FILE] = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+        throughput = result.coefficients
+        lines.append(f"  {result.describe()}")
     files[self_calibration.CALIBRATION_FILE] = json.dumps(record, indent=2, sort_keys=True) + "\n"
     return replanned, throughput, files, lines
 

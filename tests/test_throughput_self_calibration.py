@@ -1,0 +1,117 @@
+"""Throughput self-calibration: a few runs scale the prior, many may refit it, and the runs
+decide which by cross-validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sweep.calibrate import fit, model_names_for, relative_errors, workloads_for
+from sweep.cross_validation import completed_rows, fit_on
+from sweep.replay_tables import normalise_runs
+from sweep.spec import load_spec
+from sweep.throughput import Coefficients, predict
+from sweep.throughput_self_calibration import competing, folds, self_calibrate
+from tests.test_calibrate import WORK, layouts, with_throughput
+
+PRIOR = Coefficients(compute=2.0, layer_passes=2e-4, step_overhead=0.1)
+
+
+def runs_of(coeffs: Coefficients, rows: np.ndarray | None = None) -> pd.DataFrame:
+    frame = layouts()
+    if rows is not None:
+        frame = frame.iloc[rows].reset_index(drop=True)
+    return with_throughput(frame, predict(frame, WORK, coeffs)["pred_step_time_s"].to_numpy())
+
+
+def scaled_prior(k: float) -> Coefficients:
+    return Coefficients.from_vector(PRIOR.vector() * k, PRIOR.inter_scaling)
+
+
+def test_a_cluster_that_runs_uniformly_slower_is_learned_from_a_handful_of_runs() -> None:
+    runs = runs_of(scaled_prior(1.7), rows=np.arange(0, 40, 8))  # 5 runs
+    result = self_calibrate([(runs, WORK)], PRIOR)
+    assert result.method == "scaled"
+    assert result.factor == pytest.approx(1.7, rel=1e-9)
+    everything = runs_of(scaled_prior(1.7))
+    assert np.abs(relative_errors(everything, WORK, result.coefficients)).max() < 1e-9
+
+
+def test_one_run_on_a_sick_node_does_not_move_the_factor() -> None:
+    runs = runs_of(scaled_prior(1.3), rows=np.arange(0, 60, 6))  # 10 runs
+    runs.loc[0, "tokens_per_s_per_gpu"] /= 10  # ten times slower
+    result = self_calibrate([(runs, WORK)], PRIOR)
+    assert result.factor == pytest.approx(1.3, rel=0.02)
+
+
+def test_runs_whose_terms_disagree_with_the_prior_are_refitted_when_there_are_enough() -> None:
+    """The truth weighs communication and per-layer costs unlike the prior: no single factor
+    explains it, and with every layout measured the refit cross-validates better."""
+    truth = Coefficients(compute=2.1, layer_passes=8e-4, layer_comm=2.0, dp_comm=1.0,
+                         step_overhead=0.02)
+    runs = runs_of(truth)
+    result = self_calibrate([(runs, WORK)], PRIOR)
+    assert set(result.cv_log_error) == {"scaled", "refitted"}
+    assert result.method == "refitted"
+    assert result.cv_log_error["refitted"] < result.cv_log_error["scaled"]
+    assert result.median_abs_error < 0.05
+    scale_only = Coefficients.from_vector(PRIOR.vector() * result.factor, PRIOR.inter_scaling)
+    assert result.median_abs_error < np.median(np.abs(relative_errors(runs, WORK, scale_only)))
+
+
+def test_the_refit_competes_only_when_every_training_fold_can_be_fitted() -> None:
+    assert competing(1) == ()
+    assert competing(2) == competing(3) == ("scaled",)  # a fit needs three runs
+    assert competing(4) == ("scaled", "refitted")
+    assert competing(200) == ("scaled", "refitted")
+
+
+def test_folds_are_fixed_balanced_and_at_most_ten() -> None:
+    assert list(folds(25)) == list(folds(25))
+    assert sorted(np.bincount(folds(25))) == [2] * 5 + [3] * 5
+    assert sorted(folds(4)) == [0, 1, 2, 3]
+
+
+def test_no_completed_run_is_an_error_not_a_silent_prior() -> None:
+    with pytest.raises(ValueError, match="no completed run"):
+        self_calibrate([(runs_of(PRIOR).iloc[:0], WORK)], PRIOR)
+
+
+def test_the_record_says_what_was_chosen_from_which_prior() -> None:
+    result = self_calibrate([(runs_of(scaled_prior(0.8), rows=np.arange(10)), WORK)], PRIOR)
+    record = result.to_dict()
+    assert record["method"] == result.method and record["rows"] == 10
+    assert Coefficients.from_dict(record["prior"]) == PRIOR
+    assert Coefficients.from_dict(record["coefficients"]) == result.coefficients
+    assert "throughput: scaled × 0.8 on 10 completed run(s)" in result.describe()
+
+
+@pytest.mark.slow  # about 10 s: 16 fits on nanotron's results table
+def test_on_a_model_it_was_not_fitted_on_a_first_round_helps_where_a_full_refit_hurts(
+        refdata: Path, repo_root: Path) -> None:
+    """Real runs: the prior fitted on one playbook model, a first round of 8 runs of the other.
+    Self-calibration predicts the rest of that model better than the prior alone and than a
+    full refit on the round (what `sweep plan --calibrate-from` did before), on average over
+    seeds (benchmarks/throughput_self_calibration.py has the full table)."""
+    spec = load_spec(repo_root / "examples" / "playbook.yaml")
+    workloads = workloads_for(spec)
+    path = refdata / "playbook_bench_full_1B_8B.csv"
+    table = pd.read_csv(path)
+    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
+    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    for model in rows:
+        prior = fit_on([m for m in rows if m != model], rows, workloads)
+        work, runs = workloads[model], rows[model]
+        medians: dict[str, list[float]] = {"prior": [], "full": [], "self": []}
+        for seed in range(4):
+            pick = np.random.default_rng(seed).choice(len(runs), 8, replace=False)
+            first, rest = runs.iloc[pick], runs.drop(runs.index[pick])
+            for name, coeffs in (("prior", prior), ("full", fit([(first, work)]).coefficients),
+                                 ("self", self_calibrate([(first, work)], prior).coefficients)):
+                medians[name].append(float(np.median(np.abs(relative_errors(rest, work, coeffs)))))
+        mean = {name: np.mean(values) for name, values in medians.items()}
+        assert mean["self"] < mean["prior"], (model, mean)
+        assert mean["self"] < mean["full"], (model, mean)
