@@ -214,6 +214,17 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
+def default_prior(spec: Spec) -> Coefficients:
+    """The coefficients a plan predicts with when nobody calibrated them: the fit to nanotron's
+    published H100 runs (sweep/fitted_throughput.py) for a nanotron sweep on that GPU, where it
+    was measured; the physical prior elsewhere. `sweep.throughput_reference` says why."""
+    from sweep import fitted_throughput
+
+    if (spec.framework, spec.gpu) == (fitted_throughput.FRAMEWORK, fitted_throughput.GPU):
+        return Coefficients.from_dict(dict(fitted_throughput.COEFFICIENTS))
+    return Coefficients()
+
+
 PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")
 
 
@@ -227,5 +238,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
                            for name in PREDICTIONS})
 
 
-__all__ = ["without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["default_prior", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sweep import self_calibration, space
-from sweep.calibrate import with_predictions
+from sweep.calibrate import default_prior, with_predictions
 from sweep.economy import Replanned
 from sweep.render import render_runs
 from sweep.spec import Spec
@@ -135,7 +135,7 @@ class RoundCalibration:
         record.update(calibrated=True, **summary, plan_changes=changed, released=released,
                       held_back=held_back)
         self._append(record)
-        self._write_plan(with_predictions(replanned, self.spec, coefficients or Coefficients()),
+        self._write_plan(with_predictions(replanned, self.spec, coefficients or default_prior(self.spec)),
                          {**calibration.to_dict(), "status_changes": changed, "round": round_no})
         when = f"after round {round_no}" if isinstance(round_no, int) else f"at {round_no}"
         return Replanned(self.candidates.index[kept],

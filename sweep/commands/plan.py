@@ -7,8 +7,8 @@ kept configuration and writes nothing.
 
 `--calibrate-from RUNS` (a runs.parquet of this sweep's own attempts) corrects the memory model
 with the attempts' measured peaks and outcomes (`sweep.self_calibration`), calibrates the
-throughput model the plan predicts with (`--coefficients`, else DIR/throughput.json, else the
-physical prior) on their step times (`sweep.throughput_self_calibration`: scaled, or refitted
+throughput model the plan predicts with (`--coefficients`, else DIR/throughput.json, else
+`sweep.calibrate.default_prior`) on their step times (`sweep.throughput_self_calibration`: scaled, or refitted
 where that cross-validates better), re-plans, and writes what it used to DIR/calibration.json
 and DIR/throughput.json. A later `sweep plan` of the same spec applies the recorded memory
 correction again, as it reads DIR/throughput.json; calibrating again starts from the prior that
@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, self_calibration, space
-from sweep.calibrate import with_predictions
+from sweep.calibrate import default_prior, with_predictions
 from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
@@ -59,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and MFU, best first per (model, nodes)")
     parser.add_argument("--coefficients", type=Path, default=None,
                         help="throughput-model coefficients from `sweep calibrate` (default: the "
-                             f"sweep folder's {COEFFICIENTS_FILE} if there, else the physical "
-                             "prior)")
+                             f"sweep folder's {COEFFICIENTS_FILE} if there, else the fit to "
+                             "nanotron's published H100 runs for a nanotron sweep on h100-sxm, "
+                             "else the physical prior)")
     parser.add_argument("--calibrate-from", metavar="RUNS", type=Path, default=None,
                         help="runs.parquet of this sweep's own attempts: correct the memory "
                              "model with their measured peaks and outcomes, calibrate the "
@@ -82,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = args.out if args.out is not None else Path("results") / spec.name
     coefficients = args.coefficients or out / COEFFICIENTS_FILE
-    throughput = load_coefficients(coefficients) if coefficients.is_file() else Coefficients()
+    throughput = load_coefficients(coefficients) if coefficients.is_file() else default_prior(spec)
     files: dict[str, str] = {}  # written once the plan is
     if args.calibrate_from is not None:
-        prior = load_prior(coefficients) if coefficients.is_file() else Coefficients()
+        prior = load_prior(coefficients) if coefficients.is_file() else default_prior(spec)
         frame, throughput, files, calibration_lines = calibrate_from(
             args.calibrate_from, spec, frame, prior)
     else:

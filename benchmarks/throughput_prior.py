@@ -1,0 +1,83 @@
+"""The throughput prior a plan starts from, on a model it was not fitted on: the physical prior
+against the fit to nanotron's published H100 runs (what `sweep.calibrate.default_prior` gives a
+nanotron sweep on H100).
+
+For each model M of nanotron's full 1B/8B results table, the fitted prior is refitted on the
+other model's completed runs only (the leave-one-model-out fold of `sweep replay --cv model`),
+and both priors predict every completed run of M (pre-fix pipeline runs and sick-node runs left
+out, as every throughput figure). Reported: the median and 90th percentile of |predicted /
+measured − 1| of tokens/s/GPU; per cell (M × nodes), how far the run the plan predicts fastest,
+and the best of its five fastest, fall short of the cell's best measured run (what a user who
+trusts the plan's ranking would lose); and the mean rank correlation of predicted and measured
+throughput within a cell.
+
+    SWEEP_REFDATA=DIR .venv/bin/python benchmarks/throughput_prior.py
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sweep.calibrate import model_names_for, workloads_for
+from sweep.cross_validation import completed_rows, fit_on
+from sweep.refdata import refdata_dir
+from sweep.replay_tables import normalise_runs
+from sweep.spec import load_spec
+from sweep.throughput import Coefficients, Workload, predict, world_size
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = "playbook_bench_full_1B_8B.csv"
+TOP = 5
+
+
+def scored(rows: pd.DataFrame, work: Workload, prior: Coefficients) -> dict[str, float]:
+    predicted = predict(rows, work, prior)["pred_tokens_per_s_per_gpu"].to_numpy()
+    measured = rows["tokens_per_s_per_gpu"].to_numpy(float)
+    errors = np.abs(predicted / measured - 1.0)
+    frame = pd.DataFrame({"cell": world_size(rows), "pred": predicted, "meas": measured})
+    top1, top5, rho = [], [], []
+    for _, cell in frame.groupby("cell"):
+        best = cell.meas.max()
+        top1.append(1.0 - cell.meas[cell.pred.idxmax()] / best)
+        top5.append(1.0 - cell.nlargest(TOP, "pred").meas.max() / best)
+        if len(cell) > 3:
+            rho.append(cell.pred.rank().corr(cell.meas.rank()))
+    return {"median": float(np.median(errors)), "p90": float(np.quantile(errors, 0.9)),
+            "top1_worst": max(top1), "top5_worst": max(top5),
+            "top5_cells_missed": float(sum(r > 0 for r in top5)), "cells": float(len(top5)),
+            "rank_corr": float(np.mean(rho))}
+
+
+def main() -> None:
+    started = time.perf_counter()
+    spec = load_spec(REPO / "examples" / "playbook.yaml")
+    workloads = workloads_for(spec)
+    path = refdata_dir() / TABLE
+    table = pd.read_csv(path)
+    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
+    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    headline: dict[str, float] = {}
+    print(f"{'left out':<13}{'prior':<26}{'median':>8}{'p90':>8}{'top-1 worst':>13}"
+          f"{'top-5 worst':>13}{'cells missed by top 5':>23}{'rank corr':>11}")
+    for model in sorted(rows):
+        priors = {"physical": Coefficients(),
+                  "fitted on the other model": fit_on([m for m in rows if m != model], rows,
+                                                      workloads)}
+        for name, prior in priors.items():
+            s = scored(rows[model], workloads[model], prior)
+            print(f"{model:<13}{name:<26}{s['median']:>8.1%}{s['p90']:>8.1%}"
+                  f"{s['top1_worst']:>13.1%}{s['top5_worst']:>13.1%}"
+                  f"{int(s['top5_cells_missed']):>19} of {int(s['cells'])}{s['rank_corr']:>11.3f}")
+            key = f"{model.removeprefix('playbook-')}_{'physical' if name == 'physical' else 'fitted'}"
+            headline[f"{key}_median"] = s["median"]
+            headline[f"{key}_top5_missed"] = s["top5_cells_missed"]
+    headline["seconds"] = time.perf_counter() - started
+    print(" ".join(f"{k}={v:.4f}" for k, v in headline.items()))
+
+
+if __name__ == "__main__":
+    main()
