@@ -3,9 +3,9 @@ completed runs does to the predictions for the rest of that model's runs.
 
 For each model M of nanotron's full 1B/8B results table, two priors stand in for what a user
 brings to a new sweep: the physical prior (`Coefficients()`, what `sweep plan` uses without a
-`throughput.json`) and the coefficients fitted on the other model's runs (the leave-one-model-out
-fold of `sweep replay --cv model`, as if the user had run `sweep calibrate` on a published
-table). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
+`throughput.json` for every framework but nanotron on H100) and the coefficients fitted on the
+other model's runs (the leave-one-model-out fold of `sweep replay --cv model`: what a nanotron
+sweep on H100 starts from, `sweep.calibrate.default_prior`, without the model left out). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
 of M's runs are scored: the median and 90th percentile of |predicted / measured − 1| of
 tokens/s/GPU (nanotron's pre-fix pipeline runs and the sick-node runs left out, as every
 throughput figure). Each figure is the mean over seeds.
