@@ -359,6 +359,23 @@ def test_the_memory_proxy_dominance_is_a_heuristic_and_is_counted_as_one(refdata
         "heuristic:oom_dominated").sum()
 
 
+def test_an_oom_proves_nothing_about_the_same_layout_on_fewer_nodes(refdata) -> None:
+    """Why the proof stays inside a cell and a probe decides only its own node count: per GPU,
+    the same tp, pp, micro-batch and ZeRO stage on fewer nodes (a smaller dp, as many or more
+    micro-batches in flight) should need as much memory or more, yet nanotron's results table
+    has layouts that ran out of memory on more nodes and completed on fewer (near the 80 GB
+    line, in different campaigns). A rule carrying an OOM down to fewer nodes, or a fit up to
+    more, would be contradicted by these pairs."""
+    rows = published_rows(refdata, "playbook_bench_full_1B_8B.csv")
+    rows["in_flight"] = np.minimum(rows.pp, rows.grad_acc) * rows.mbs
+    shape = ["model", "tp", "pp", "mbs", "zero_stage"]
+    pairs = rows[rows.status == "oom"].merge(rows[rows.status == "completed"], on=shape,
+                                             suffixes=("_oom", "_ok"))
+    contradicted = pairs[(pairs.dp_ok < pairs.dp_oom) & (pairs.in_flight_ok >= pairs.in_flight_oom)]
+    assert len(contradicted) == 10
+    assert (contradicted.nodes_ok < contradicted.nodes_oom).all()
+
+
 def test_a_failure_taken_for_an_oom_skips_as_a_heuristic() -> None:
     candidates = grid(nodes=(1,))
     rules = OomRules(candidates, memory_components(candidates, WORKLOADS["playbook-1b"]))
