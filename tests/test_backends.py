@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import _thread
 import json
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,17 @@ def test_a_run_already_in_flight_is_adopted_not_run_again(tmp_path: Path) -> Non
     assert len(local.attempt_dirs(run)) == 1
 
 
+@pytest.fixture
+def ctrl_c_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the test process was
+    started in the background: a shell without job control starts it with SIGINT ignored, and
+    then `_thread.interrupt_main` does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_raises")
 def test_an_interrupted_round_cancels_what_is_in_flight(tmp_path: Path) -> None:
     run = run_with_script(tmp_path, "echo start; sleep 60\n")
     backend = local.LocalBackend(slots=2, kill_wait_s=1)
