@@ -225,6 +225,20 @@ def default_prior(spec: Spec) -> Coefficients:
     return Coefficients()
 
 
+def describe_default_prior(spec: Spec) -> str:
+    """What `default_prior` gives this spec, and what it is worth, for `sweep plan` to say."""
+    from sweep import fitted_throughput
+
+    if default_prior(spec) == Coefficients():
+        return ("the physical prior (not fitted to any run; `sweep calibrate` or `sweep plan "
+                "--calibrate-from` fit it)")
+    left_out = fitted_throughput.PROVENANCE["left_out_model"]
+    medians = sorted(float(f["median_abs_error"]) for f in left_out.values())
+    return (f"the fit to {fitted_throughput.FRAMEWORK}'s published {fitted_throughput.GPU} runs "
+            f"(sweep/fitted_throughput.py; median error {medians[0]:.0%}-{medians[-1]:.0%} on a "
+            "model it was not fitted on; `sweep plan --calibrate-from` calibrates it)")
+
+
 PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")
 
 
@@ -238,5 +252,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
                            for name in PREDICTIONS})
 
 
-__all__ = ["default_prior", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["default_prior", "describe_default_prior", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

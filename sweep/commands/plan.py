@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, self_calibration, space
-from sweep.calibrate import default_prior, with_predictions
+from sweep.calibrate import default_prior, describe_default_prior, with_predictions
 from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
             args.calibrate_from, spec, frame, prior)
     else:
         frame, calibration_lines = recorded_calibration(out, spec, frame)
+        source = (f"coefficients from {coefficients}" if coefficients.is_file()
+                  else describe_default_prior(spec))
+        calibration_lines.append(f"throughput predictions: {source}")
     frame = with_predictions(frame, spec, throughput)
     write_plan(out, spec, args.spec, frame)
     for name, text in files.items():
