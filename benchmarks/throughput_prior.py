@@ -22,10 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import model_names_for, workloads_for
-from sweep.cross_validation import completed_rows, fit_on
+from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.refdata import refdata_dir
-from sweep.replay_tables import normalise_runs
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients, Workload, predict, world_size
 
@@ -55,18 +53,15 @@ def scored(rows: pd.DataFrame, work: Workload, prior: Coefficients) -> dict[str,
 def main() -> None:
     started = time.perf_counter()
     spec = load_spec(REPO / "examples" / "playbook.yaml")
-    workloads = workloads_for(spec)
     path = refdata_dir() / TABLE
-    table = pd.read_csv(path)
-    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
-    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    rows, workloads = completed_rows_for_spec(pd.read_csv(path), str(path), spec)
+    fitted_without = left_out_priors(sorted(rows), rows, workloads)
     headline: dict[str, float] = {}
     print(f"{'left out':<13}{'prior':<26}{'median':>8}{'p90':>8}{'top-1 worst':>13}"
           f"{'top-5 worst':>13}{'cells missed by top 5':>23}{'rank corr':>11}")
     for model in sorted(rows):
         priors = {"physical": Coefficients(),
-                  "fitted on the other model": fit_on([m for m in rows if m != model], rows,
-                                                      workloads)}
+                  "fitted on the other model": fitted_without[model]}
         for name, prior in priors.items():
             s = scored(rows[model], workloads[model], prior)
             print(f"{model:<13}{name:<26}{s['median']:>8.1%}{s['p90']:>8.1%}"

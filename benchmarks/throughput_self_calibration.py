@@ -29,10 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import fit, model_names_for, relative_errors, workloads_for
-from sweep.cross_validation import completed_rows, fit_on
+from sweep.calibrate import fit, relative_errors
+from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.refdata import refdata_dir
-from sweep.replay_tables import normalise_runs
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients, Workload
 from sweep.throughput_self_calibration import self_calibrate
@@ -66,18 +65,16 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     spec = load_spec(REPO / "examples" / "playbook.yaml")
-    workloads = workloads_for(spec)
     path = refdata_dir() / TABLE
-    table = pd.read_csv(path)
-    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
-    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    rows, workloads = completed_rows_for_spec(pd.read_csv(path), str(path), spec)
+    fitted_without = left_out_priors(sorted(rows), rows, workloads)
     models = sorted(rows)
     headline: dict[str, list[float]] = {}
     print(f"{'left out':<13}{'prior':<13}{'N':>4}  " + "".join(f"{m:>22}" for m in METHODS)
           + "  refitted")
     for model in models:
         priors = {"physical": Coefficients(),
-                  "other model": fit_on([o for o in models if o != model], rows, workloads)}
+                  "other model": fitted_without[model]}
         for prior_name, prior in priors.items():
             for n in SIZES:
                 draws = [first_round(rows[model], workloads[model], prior, n, seed)

@@ -214,13 +214,21 @@ def predict_plan(plan: pd.DataFrame, spec: Spec, coeffs: Coefficients = Coeffici
     return pd.concat(parts).reindex(plan.index)
 
 
+def _fit_applies(spec: Spec) -> bool:
+    """Whether the committed fit (sweep/fitted_throughput.py) was measured on this framework
+    and GPU."""
+    from sweep import fitted_throughput
+
+    return (spec.framework, spec.gpu) == (fitted_throughput.FRAMEWORK, fitted_throughput.GPU)
+
+
 def default_prior(spec: Spec) -> Coefficients:
     """The coefficients a plan predicts with when nobody calibrated them: the fit to nanotron's
     published H100 runs (sweep/fitted_throughput.py) for a nanotron sweep on that GPU, where it
     was measured; the physical prior elsewhere. `sweep.throughput_reference` says why."""
     from sweep import fitted_throughput
 
-    if (spec.framework, spec.gpu) == (fitted_throughput.FRAMEWORK, fitted_throughput.GPU):
+    if _fit_applies(spec):
         return Coefficients.from_dict(dict(fitted_throughput.COEFFICIENTS))
     return Coefficients()
 
@@ -229,7 +237,7 @@ def describe_default_prior(spec: Spec) -> str:
     """What `default_prior` gives this spec, and what it is worth, for `sweep plan` to say."""
     from sweep import fitted_throughput
 
-    if default_prior(spec) == Coefficients():
+    if not _fit_applies(spec):
         return ("the physical prior (not fitted to any run; `sweep calibrate` or `sweep plan "
                 "--calibrate-from` fit it)")
     left_out = fitted_throughput.PROVENANCE["left_out_model"]

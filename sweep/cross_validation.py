@@ -27,9 +27,17 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import error_summary, fit, relative_errors, without_fit_exclusions
+from sweep.calibrate import (
+    error_summary,
+    fit,
+    model_names_for,
+    relative_errors,
+    without_fit_exclusions,
+    workloads_for,
+)
 from sweep.economy import Params, score, search
 from sweep.replay_tables import Replay, normalise_runs
+from sweep.spec import Spec
 from sweep.throughput import Coefficients, Workload
 
 
@@ -61,6 +69,15 @@ def completed_rows(table: pd.DataFrame, source: str, workloads: Mapping[str, Wor
     rows = rows[rows.model.notna() & (rows.status == "completed")
                 & (pd.to_numeric(rows.tokens_per_s_per_gpu, errors="coerce") > 0)]
     return {str(m): g.reset_index(drop=True) for m, g in rows.groupby("model")}
+
+
+def completed_rows_for_spec(table: pd.DataFrame, source: str, spec: Spec
+                            ) -> tuple[dict[str, pd.DataFrame], dict[str, Workload]]:
+    """`completed_rows` of a published table whose model labels are mapped to the spec's models
+    (catalog names or aliases), with the spec's workloads."""
+    workloads = workloads_for(spec)
+    labels = sorted(set(normalise_runs(table, source, workloads).model.astype(str)))
+    return completed_rows(table, source, workloads, model_names_for(spec, labels)), workloads
 
 
 def fit_on(models: Sequence[str], rows: Mapping[str, pd.DataFrame],
@@ -115,7 +132,7 @@ def choose_params(replays: Mapping[str, Replay], workloads: Mapping[str, Workloa
     return Choice(grid[best].apply(base), best, trials, headlines)
 
 
-def _priors(models: Sequence[str], rows: Mapping[str, pd.DataFrame],
+def left_out_priors(models: Sequence[str], rows: Mapping[str, pd.DataFrame],
             workloads: Mapping[str, Workload]) -> dict[str, Coefficients]:
     """For each model, coefficients fitted on the other models of `models` only."""
     return {m: fit_on([o for o in models if o != m], rows, workloads) for m in models}
@@ -155,7 +172,7 @@ def leave_one_model_out(replay: Replay, rows: Mapping[str, pd.DataFrame],
         train = [o for o in models if o != m]
         coeffs = fit_on(train, rows, workloads)
         inner = choose_params({o: alone[o] for o in train}, workloads,
-                              _priors(train, rows, workloads), base, grid)
+                              left_out_priors(train, rows, workloads), base, grid)
         errors = np.abs(relative_errors(rows[m], workloads[m], coeffs))
         head, cells = replay_once(alone[m], workloads, coeffs, inner.params)
         folds.append(Fold(m, "held-out", error_summary(errors), head, inner.params, cells,
@@ -196,4 +213,5 @@ def default_settings(replay: Replay, workloads: Mapping[str, Workload]) -> Param
 
 
 __all__ = ["Settings", "SETTINGS_GRID", "Choice", "Fold", "choose_params", "completed_rows",
+           "completed_rows_for_spec", "left_out_priors",
            "default_settings", "fit_on", "leave_one_model_out", "replay_once", "summary"]

@@ -23,16 +23,8 @@ from typing import Any, Final
 
 import pandas as pd
 
-from sweep.calibrate import (
-    error_summary,
-    fit,
-    model_names_for,
-    relative_errors,
-    without_fit_exclusions,
-    workloads_for,
-)
-from sweep.cross_validation import completed_rows, fit_on
-from sweep.replay_tables import normalise_runs
+from sweep.calibrate import error_summary, fit, relative_errors, without_fit_exclusions
+from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.spec import Spec
 from sweep.state import file_sha256
 from sweep.throughput import Coefficients
@@ -54,14 +46,11 @@ def fit_reference(refdata: str | Path, spec: Spec) -> ThroughputReference:
     """Fit on nanotron's results table under the playbook spec; score each model left out."""
     path = Path(refdata) / RUNS_FILE
     table = pd.read_csv(path)
-    workloads = workloads_for(spec)
-    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
-    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    rows, workloads = completed_rows_for_spec(table, str(path), spec)
     models = sorted(rows)
     result = fit([(rows[m], workloads[m]) for m in models])
-    left_out = {m: error_summary(relative_errors(rows[m], workloads[m],
-                                                 fit_on([o for o in models if o != m], rows,
-                                                        workloads)))
+    priors = left_out_priors(models, rows, workloads)
+    left_out = {m: error_summary(relative_errors(rows[m], workloads[m], priors[m]))
                 for m in models}
     _, excluded = without_fit_exclusions(table)
     provenance = {

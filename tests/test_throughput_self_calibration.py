@@ -9,9 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep.calibrate import fit, model_names_for, relative_errors, workloads_for
-from sweep.cross_validation import completed_rows, fit_on
-from sweep.replay_tables import normalise_runs
+from sweep.calibrate import fit, relative_errors
+from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients, predict
 from sweep.throughput_self_calibration import competing, folds, self_calibrate
@@ -97,13 +96,11 @@ def test_on_a_model_it_was_not_fitted_on_a_first_round_helps_where_a_full_refit_
     full refit on the round (what `sweep plan --calibrate-from` did before), on average over
     seeds (benchmarks/throughput_self_calibration.py has the full table)."""
     spec = load_spec(repo_root / "examples" / "playbook.yaml")
-    workloads = workloads_for(spec)
     path = refdata / "playbook_bench_full_1B_8B.csv"
-    table = pd.read_csv(path)
-    labels = sorted(set(normalise_runs(table, str(path), workloads).model.astype(str)))
-    rows = completed_rows(table, str(path), workloads, model_names_for(spec, labels))
+    rows, workloads = completed_rows_for_spec(pd.read_csv(path), str(path), spec)
+    priors = left_out_priors(sorted(rows), rows, workloads)
     for model in rows:
-        prior = fit_on([m for m in rows if m != model], rows, workloads)
+        prior = priors[model]
         work, runs = workloads[model], rows[model]
         medians: dict[str, list[float]] = {"prior": [], "full": [], "self": []}
         for seed in range(4):

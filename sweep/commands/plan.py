@@ -83,16 +83,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = args.out if args.out is not None else Path("results") / spec.name
     coefficients = args.coefficients or out / COEFFICIENTS_FILE
-    throughput = load_coefficients(coefficients) if coefficients.is_file() else default_prior(spec)
+    has_file = coefficients.is_file()
+    throughput = load_coefficients(coefficients) if has_file else default_prior(spec)
     files: dict[str, str] = {}  # written once the plan is
     if args.calibrate_from is not None:
-        prior = load_prior(coefficients) if coefficients.is_file() else default_prior(spec)
+        prior = load_prior(coefficients) if has_file else throughput
         frame, throughput, files, calibration_lines = calibrate_from(
             args.calibrate_from, spec, frame, prior)
     else:
         frame, calibration_lines = recorded_calibration(out, spec, frame)
-        source = (f"coefficients from {coefficients}" if coefficients.is_file()
-                  else describe_default_prior(spec))
+        source = f"coefficients from {coefficients}" if has_file else describe_default_prior(spec)
         calibration_lines.append(f"throughput predictions: {source}")
     frame = with_predictions(frame, spec, throughput)
     write_plan(out, spec, args.spec, frame)
