@@ -6,10 +6,12 @@ For each model M of nanotron's full 1B/8B results table, the fitted prior is ref
 other model's completed runs only (the leave-one-model-out fold of `sweep replay --cv model`),
 and both priors predict every completed run of M (pre-fix pipeline runs and sick-node runs left
 out, as every throughput figure). Reported: the median and 90th percentile of |predicted /
-measured − 1| of tokens/s/GPU; per cell (M × nodes), how far the run the plan predicts fastest,
-and the best of its five fastest, fall short of the cell's best measured run (what a user who
-trusts the plan's ranking would lose); and the mean rank correlation of predicted and measured
-throughput within a cell.
+measured − 1| of tokens/s/GPU; per cell (M × nodes), how far the completed run predicted
+fastest, and the best of the five predicted fastest, fall short of the cell's best measured run;
+and the mean rank correlation of predicted and measured throughput within a cell. Only completed
+runs are ranked: this scores how well each prior orders what ran. What a search that follows
+the ranking costs and finds, failures included, is `sweep replay --strategy shortlist`
+(benchmarks/sweep_economy.py).
 
     SWEEP_REFDATA=DIR .venv/bin/python benchmarks/throughput_prior.py
 """

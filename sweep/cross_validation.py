@@ -1,9 +1,10 @@
-"""Leave-one-model-out validation of the throughput model and the adaptive search.
+"""Leave-one-model-out validation of the throughput model and the model-guided searches
+(`adaptive`, `shortlist`).
 
 Every figure fitted on a model and scored on the same model flatters the code: a user's model is
 never one we fitted on. Here, for each model M of a published sweep in turn, the throughput
-coefficients are fitted on the other models' completed runs, the adaptive strategy's settings
-are chosen on replays of the other models only, and M is then replayed from those coefficients
+coefficients are fitted on the other models' completed runs, the strategy's settings (the
+adaptive floor and band, or the shortlist's length) are chosen on replays of the other models only, and M is then replayed from those coefficients
 with those settings. Its prediction error and its economy are reported beside the in-sample ones
 (coefficients and settings chosen on every model, M included).
 
@@ -13,7 +14,7 @@ the *other* training models (the physical prior when there are none, so the choi
 made out of sample); the chosen entry finds every training cell within 2 % of its best with the
 fewest runs (else the most cells, then the fewest runs; ties go to the earlier, cheaper entry).
 The defaults of `sweep.economy.Params` are this choice on the playbook's charts table with the
-physical prior (`default_settings`; a test reproduces them).
+physical prior (`default_settings`, for each strategy; a test reproduces them).
 
 Pure: no I/O.
 """
@@ -21,7 +22,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Final
 
 import numpy as np
@@ -53,8 +54,21 @@ class Settings:
         return replace(params, min_cell_runs=self.min_cell_runs, quantile=self.quantile)
 
 
+@dataclass(frozen=True)
+class ShortlistSettings:
+    """The shortlist's one setting: completed runs per cell, best predicted first."""
+
+    top: int
+
+    def apply(self, params: Params) -> Params:
+        return replace(params, top=self.top)
+
+
 # Cheapest first: a tie goes to the smaller floor, then to the narrower band.
 SETTINGS_GRID: Final = tuple(Settings(floor, q) for floor in (3, 8, 16, 32) for q in (0.9, 1.0))
+SHORTLIST_GRID: Final = tuple(ShortlistSettings(top) for top in (3, 5, 8, 12, 16))
+GRIDS: Final[Mapping[str, Sequence[Settings | ShortlistSettings]]] = {
+    "adaptive": SETTINGS_GRID, "shortlist": SHORTLIST_GRID}
 TOLERANCE: Final = 0.02
 
 
@@ -88,9 +102,11 @@ def fit_on(models: Sequence[str], rows: Mapping[str, pd.DataFrame],
 
 
 def replay_once(replay: Replay, workloads: Mapping[str, Workload], prior: Coefficients,
-                params: Params) -> tuple[dict[str, float], pd.DataFrame]:
-    """The adaptive replay of `replay` from `prior` with `params`, scored (headline, cells)."""
-    result = search(replay.candidates, replay.outcomes, "adaptive", workloads, prior, params)
+                params: Params, strategy: str = "adaptive"
+                ) -> tuple[dict[str, float], pd.DataFrame]:
+    """The replay of `replay` under `strategy` from `prior` with `params`, scored (headline,
+    cells)."""
+    result = search(replay.candidates, replay.outcomes, strategy, workloads, prior, params)
     return score(result, replay.outcomes, replay.candidates, replay.published_runs,
                  replay.published_gpu_hours, TOLERANCE)
 
@@ -107,23 +123,24 @@ class Choice:
 
 def choose_params(replays: Mapping[str, Replay], workloads: Mapping[str, Workload],
                   priors: Mapping[str, Coefficients], base: Params = Params(),
-                  grid: Sequence[Settings] = SETTINGS_GRID) -> Choice:
-    """The grid entry that finds every cell of every replay within 2 % with the fewest runs
-    (else the most cells within, then the fewest runs); each model is replayed alone from its
-    own prior."""
+                  grid: Sequence[Settings | ShortlistSettings] | None = None,
+                  strategy: str = "adaptive") -> Choice:
+    """The grid entry (`GRIDS[strategy]` unless given) that finds every cell of every replay
+    within 2 % with the fewest runs (else the most cells within, then the fewest runs); each
+    model is replayed alone from its own prior."""
+    grid = GRIDS[strategy] if grid is None else grid
     rows, headlines = [], {}
     for i, settings in enumerate(grid):
         params = settings.apply(base)
         launched = published = within = total = 0.0
         for model, replay in replays.items():
-            head, _ = replay_once(replay, workloads, priors[model], params)
+            head, _ = replay_once(replay, workloads, priors[model], params, strategy)
             headlines[(i, model)] = head
             launched += head["runs_launched"]
             published += replay.published_runs
             within += head["cells_within_2pct"]
             total += head["cells_total"]
-        rows.append({"entry": i, "min_cell_runs": settings.min_cell_runs,
-                     "quantile": settings.quantile, "runs_launched_frac": launched / published,
+        rows.append({"entry": i, **asdict(settings), "runs_launched_frac": launched / published,
                      "cells_within_2pct": within, "cells_total": total})
     trials = pd.DataFrame(rows)
     ranked = trials.assign(missed=trials.cells_total - trials.cells_within_2pct).sort_values(
@@ -153,8 +170,11 @@ class Fold:
 
 def leave_one_model_out(replay: Replay, rows: Mapping[str, pd.DataFrame],
                         workloads: Mapping[str, Workload], base: Params = Params(),
-                        grid: Sequence[Settings] = SETTINGS_GRID) -> list[Fold]:
-    """In-sample and held-out figures for every model of `replay` that has completed runs."""
+                        grid: Sequence[Settings | ShortlistSettings] | None = None,
+                        strategy: str = "adaptive") -> list[Fold]:
+    """In-sample and held-out figures for every model of `replay` that has completed runs,
+    searched by `strategy` (adaptive or shortlist) with settings from `grid`
+    (`GRIDS[strategy]` unless given)."""
     models = sorted(set(replay.by_model) & {m for m, r in rows.items() if len(r)})
     if len(models) < 2:
         raise ValueError(f"leave-one-model-out needs runs of at least two models; this table "
@@ -162,19 +182,20 @@ def leave_one_model_out(replay: Replay, rows: Mapping[str, pd.DataFrame],
     alone = {m: replay.only({m}) for m in models}
     folds: list[Fold] = []
     everything = fit_on(models, rows, workloads)
-    chosen = choose_params(alone, workloads, dict.fromkeys(models, everything), base, grid)
+    chosen = choose_params(alone, workloads, dict.fromkeys(models, everything), base, grid,
+                           strategy)
     for m in models:
         errors = np.abs(relative_errors(rows[m], workloads[m], everything))
-        _, cells = replay_once(alone[m], workloads, everything, chosen.params)
+        _, cells = replay_once(alone[m], workloads, everything, chosen.params, strategy)
         folds.append(Fold(m, "in-sample", error_summary(errors), chosen.headlines[(chosen.entry, m)],
                           chosen.params, cells, errors))
     for m in models:
         train = [o for o in models if o != m]
         coeffs = fit_on(train, rows, workloads)
         inner = choose_params({o: alone[o] for o in train}, workloads,
-                              left_out_priors(train, rows, workloads), base, grid)
+                              left_out_priors(train, rows, workloads), base, grid, strategy)
         errors = np.abs(relative_errors(rows[m], workloads[m], coeffs))
-        head, cells = replay_once(alone[m], workloads, coeffs, inner.params)
+        head, cells = replay_once(alone[m], workloads, coeffs, inner.params, strategy)
         folds.append(Fold(m, "held-out", error_summary(errors), head, inner.params, cells,
                           errors))
     return folds
@@ -203,15 +224,17 @@ def summary(folds: Sequence[Fold]) -> dict[str, float]:
     return out
 
 
-def default_settings(replay: Replay, workloads: Mapping[str, Workload]) -> Params:
-    """What `Params`' adaptive defaults are: the choice on every model of `replay` (the
+def default_settings(replay: Replay, workloads: Mapping[str, Workload],
+                     strategy: str = "adaptive") -> Params:
+    """What `Params`' defaults for `strategy` are: the choice on every model of `replay` (the
     playbook's charts table), each replayed alone from the physical prior, as a live sweep
-    starts."""
+    starts (the weakest prior a plan can start from: the shortlist's length must hold there)."""
     models = sorted(replay.by_model)
     alone = {m: replay.only({m}) for m in models}
-    return choose_params(alone, workloads, dict.fromkeys(models, Coefficients())).params
+    return choose_params(alone, workloads, dict.fromkeys(models, Coefficients()),
+                         strategy=strategy).params
 
 
-__all__ = ["Settings", "SETTINGS_GRID", "Choice", "Fold", "choose_params", "completed_rows",
+__all__ = ["GRIDS", "Settings", "SETTINGS_GRID", "SHORTLIST_GRID", "ShortlistSettings", "Choice", "Fold", "choose_params", "completed_rows",
            "completed_rows_for_spec", "left_out_priors",
            "default_settings", "fit_on", "leave_one_model_out", "replay_once", "summary"]

@@ -65,6 +65,7 @@ class SearchOptions:
     """How to search: the strategy and the knobs `sweep submit` passes on."""
 
     strategy: str
+    top: int | None = None  # shortlist: completed runs per cell (None: Params' default)
     max_running: int | None = None
     poll_s: float = 30.0
     max_gpu_hours: float | None = None
@@ -96,6 +97,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.calibrate import workloads_for
     from sweep.cli import UserError
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.economy import Params
     from sweep.live_search import search_sweep
     from sweep.round_calibration import for_search
     from sweep.slurm_backend import SlurmBackend
@@ -115,6 +117,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     print(line, flush=True)
     try:
         search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds,
+                              params=Params() if options.top is None else Params(top=options.top),
                               calibration=calibration)
     except BudgetReached as stop:
         summary = (f"{options.strategy}: stopped at the budget of {stop.cap_gpu_hours:g} "

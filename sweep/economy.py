@@ -23,6 +23,14 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   What the search records per cell: the regret bound at closing (1 − best / the highest
   optimistic throughput left untried) and how many launches the floor forced (the band alone
   would have closed the cell). The OOM rules of ``pruned`` apply too.
+- ``shortlist``: per cell, the `top` candidates predicted fastest (the plan's own prediction,
+  `PLAN_PREDICTION`, where the candidates carry it; else the prior's), and for each of them
+  that ran out of memory or failed, the next: rounds go on until every cell has `top`
+  completed runs or nothing left to try. No refit and no closing band: it bets on the model's
+  *ranking* within a cell, which holds where its absolute error does not (replaying the
+  playbook, a model fitted on one size predicts the other's throughput 20 % off, yet ranks the
+  cell's best among its few fastest). What it costs and what it finds is measured, left out,
+  by `sweep replay --cv model --strategy shortlist`; `top` is chosen the same way.
 
 The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
 batch and returns its outcomes (a live sweep), so the same code does both. Pure: no I/O of its
@@ -41,7 +49,7 @@ import pandas as pd
 from sweep.calibrate import fit_matrix
 from sweep.throughput import Coefficients, Workload, features, tokens_per_step
 
-STRATEGIES: Final = ("exhaustive", "pruned", "adaptive")
+STRATEGIES: Final = ("exhaustive", "pruned", "adaptive", "shortlist")
 CELL: Final = ("model", "nodes")
 # Columns that define a layout apart from the micro-batch split of the global batch.
 LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
@@ -50,6 +58,8 @@ LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "s
 PROOF_BASE: Final = ("dp", "tp", "pp", "cp", "ep", "pp_schedule", "vpp")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
 PROOF: Final = "pruned:"  # a skip that an OOM proves
+# The plan's predicted throughput of a candidate (`sweep.calibrate.with_predictions`).
+PLAN_PREDICTION: Final = "pred_tokens_per_s_per_gpu"
 HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The planner's per-component estimate (`sweep.memory`), when the candidates carry it.
 PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients", "optimizer",
@@ -58,10 +68,11 @@ PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients",
 
 @dataclass(frozen=True)
 class Params:
-    """Knobs of the strategies. The adaptive floor and band (`min_cell_runs`, `quantile`) are not
-    tuned by hand: they are what `sweep.cross_validation.default_settings` picks on the playbook's
-    charts table (tests/test_cross_validation.py reproduces them), and `sweep replay --cv model`
-    picks them again without the model it reports on."""
+    """Knobs of the strategies. The adaptive floor and band (`min_cell_runs`, `quantile`) and the
+    shortlist's `top` are not tuned by hand: they are what
+    `sweep.cross_validation.default_settings` picks on the playbook's charts table
+    (tests/test_cross_validation.py reproduces them), and `sweep replay --cv model` picks them
+    again without the model it reports on."""
 
     k: int = 4                 # candidates per open cell per round
     epsilon: float = 0.02      # close a cell when nothing can beat its best by more than this
@@ -74,6 +85,7 @@ class Params:
     fit_iterations: int = 800
     failed_is_oom: bool = False  # heuristic: an unclassified failure skips like an OOM
     heuristic_skips: bool = False  # heuristic: skip layouts the memory proxy says need more
+    top: int = 8               # shortlist: completed runs per cell, best predicted first
 
 
 @dataclass
@@ -313,6 +325,10 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
         return state.result(strategy, round_no)
     if strategy == "pruned":
         return _pruned(state)
+    if strategy == "shortlist":
+        if params.top < 1:
+            raise ValueError(f"shortlist: top must be at least 1, got {params.top}")
+        return _shortlist(state, Predictor(candidates, workloads, prior, params.fit_iterations))
     return _adaptive(state, Predictor(candidates, workloads, prior, params.fit_iterations))
 
 
@@ -399,6 +415,34 @@ def _pruned(state: _State) -> Search:
         first = frame.assign(_l=layouts[state.untried]).sort_values("mbs").groupby("_l").head(1)
         state.launch(first.index, round_no)
     return state.result("pruned", round_no)
+
+
+def _shortlist(state: _State, model: Predictor) -> Search:
+    """Each round, per cell, the best predicted untried candidates, until the cell has `top`
+    completed runs or none left: a run that ran out of memory or failed gives its place to the
+    next (and an OOM skips what it proves cannot fit). The ranking is fixed before the first
+    round: the plan's prediction where a candidate has one, else the prior's."""
+    top = state.params.top
+    predicted = pd.Series(model.tokens_per_s_per_gpu(state.candidates.index),
+                          index=state.candidates.index)
+    if PLAN_PREDICTION in state.candidates:
+        planned = pd.to_numeric(state.candidates[PLAN_PREDICTION], errors="coerce")
+        predicted = planned.where(planned.notna(), predicted)
+    round_no = 0
+    while len(state.untried) and round_no < state.params.max_rounds:
+        ok = state.known.index[state.known.status == "completed"]
+        completed = state.cells[ok].value_counts()
+        batch: list[int] = []
+        for cell, ids in state.untried.groupby(state.cells[state.untried].to_numpy()).items():
+            wanted = top - int(completed.get(cell, 0))
+            if wanted > 0:
+                batch += list(predicted[ids].nlargest(wanted).index)
+        if not batch:
+            break
+        round_no += 1
+        state.launch(pd.Index(batch), round_no)
+    return state.result("shortlist", round_no, model.coefficients,
+                        f"shortlist: {top} runs predicted faster completed in its cell")
 
 
 def _adaptive(state: _State, model: Predictor) -> Search:
@@ -566,7 +610,7 @@ def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
         "heuristic_but_completed": float((guesses & completed).sum()),
         "launches_forced_by_floor": forced,
         "launches_chosen_by_model": (float(len(launched)) - forced
-                                     if result.strategy == "adaptive" else 0.0),
+                                     if result.strategy in ("adaptive", "shortlist") else 0.0),
     }
     return headline, table
 

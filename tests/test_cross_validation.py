@@ -11,7 +11,9 @@ from sweep.calibrate import relative_errors, sick_node_runs
 from sweep.catalog import get_gpu, get_model
 from sweep.cross_validation import (
     SETTINGS_GRID,
+    SHORTLIST_GRID,
     Settings,
+    ShortlistSettings,
     choose_params,
     completed_rows,
     default_settings,
@@ -28,6 +30,7 @@ WORKLOADS = {name: Workload(get_model(name), 4096, H100) for name in ("playbook-
 LABELS = {"1B": "playbook-1b", "8B": "playbook-8b"}
 NAMES = {**LABELS, **{m: m for m in WORKLOADS}}
 SMALL_GRID = (Settings(3, 0.9), Settings(16, 0.9))
+SMALL_GRIDS = {"adaptive": SMALL_GRID, "shortlist": (ShortlistSettings(3), ShortlistSettings(8))}
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +52,12 @@ def test_completed_rows_leave_out_nanotrons_pre_fix_pipeline_runs(refdata) -> No
     assert len(stale) > 0
 
 
-def test_held_out_figures_come_from_the_other_model_only(small) -> None:
+@pytest.mark.parametrize("strategy", sorted(SMALL_GRIDS))
+def test_held_out_figures_come_from_the_other_model_only(small, strategy: str) -> None:
     runs, replay = small
     rows = completed_rows(runs, "small.csv", WORKLOADS, NAMES)
-    folds = leave_one_model_out(replay, rows, WORKLOADS, grid=SMALL_GRID)
+    grid = SMALL_GRIDS[strategy]
+    folds = leave_one_model_out(replay, rows, WORKLOADS, grid=grid, strategy=strategy)
     assert [(f.model, f.mode) for f in folds] == [
         ("playbook-1b", "in-sample"), ("playbook-8b", "in-sample"),
         ("playbook-1b", "held-out"), ("playbook-8b", "held-out")]
@@ -65,7 +70,7 @@ def test_held_out_figures_come_from_the_other_model_only(small) -> None:
         assert fold.throughput["runs"] == len(rows[fold.model])
         # Settings: chosen on the other model's replay alone, from the physical prior.
         inner = choose_params({other: replay.only({other})}, WORKLOADS,
-                              {other: Coefficients()}, grid=SMALL_GRID)
+                              {other: Coefficients()}, grid=grid, strategy=strategy)
         assert fold.params == inner.params
         # The economy is measured against the held-out model's own published runs.
         assert fold.economy["cells_total"] == 2
@@ -110,3 +115,26 @@ def test_the_committed_adaptive_settings_are_the_choice_on_the_charts_table(refd
     chosen = default_settings(replay, WORKLOADS)
     assert (chosen.min_cell_runs, chosen.quantile) == (Params().min_cell_runs, Params().quantile)
     assert Settings(Params().min_cell_runs, Params().quantile) in SETTINGS_GRID
+
+
+def test_the_committed_shortlist_length_is_the_choice_on_the_charts_table(refdata) -> None:
+    """Params' top is not tuned by hand either: chosen from the physical prior, the weakest a
+    plan can start from."""
+    runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
+    replay = replay_table(runs, "playbook_runs_1B_8B.csv", LABELS, WORKLOADS, 20, 60)
+    assert default_settings(replay, WORKLOADS, "shortlist").top == Params().top
+    assert ShortlistSettings(Params().top) in SHORTLIST_GRID
+
+
+def test_the_shortlist_left_out_finds_every_cell_of_nanotrons_table_with_few_runs(refdata) -> None:
+    """Issue 17's economy target (every cell within 2 %, at most 35 % of the runs), measured on
+    each model with coefficients fitted and a length chosen on the other model only."""
+    table = pd.read_csv(refdata / "playbook_bench_full_1B_8B.csv")
+    replay = replay_table(table, "full.csv", LABELS, WORKLOADS, 20, 60)
+    rows = completed_rows(table, "full.csv", WORKLOADS, NAMES)
+    folds = leave_one_model_out(replay, rows, WORKLOADS, strategy="shortlist")
+    pooled = summary(folds)
+    assert pooled["held_out_cells_within_2pct"] == pooled["held_out_cells_total"] == 14
+    assert pooled["held_out_runs_launched_frac"] <= 0.35
+    for fold in folds:
+        assert fold.economy["launches_chosen_by_model"] == fold.economy["runs_launched"]

@@ -446,3 +446,47 @@ def test_a_cell_where_the_model_is_wrong_gets_a_wider_band() -> None:
     estimate, optimistic = _estimates(state, model, state.known, state.untried, family)
     width = np.log(optimistic / estimate).groupby(candidates.nodes[state.untried]).median()
     assert width[2] > width[1] >= Params().min_margin  # the sweep's spread is a floor for all
+
+
+# The shortlist ----------------------------------------------------------------------------------
+
+def predicted(candidates: pd.DataFrame, prior: Coefficients = Coefficients()) -> pd.Series:
+    return predict(candidates, WORKLOADS["playbook-1b"], prior)["pred_tokens_per_s_per_gpu"]
+
+
+def test_the_shortlist_runs_each_cells_fastest_predicted_until_top_of_them_completed() -> None:
+    candidates = grid(nodes=(1, 2))
+    outcomes = oracle(candidates, capacity_for(candidates, 0.4))
+    result, headline, _ = run("shortlist", candidates, outcomes, top=3)
+    ranking = predicted(candidates)
+    launched = result.launched.assign(pred=ranking[result.launched.candidate].to_numpy())
+    for nodes, cell in launched.groupby("nodes"):
+        assert (cell.status == "completed").sum() == 3
+        # Nothing left untried in the cell was predicted faster than what ran, except what an
+        # OOM proved cannot fit.
+        passed = result.skipped[(result.skipped.nodes == nodes)
+                                & result.skipped.reason.str.startswith("shortlist:")]
+        assert ranking[passed.candidate].max() <= cell.pred.min()
+    # The fastest predicted candidates ran out of memory here: each gave its place to the next.
+    assert (result.launched.status == "oom").any() and result.rounds > 1
+    assert headline["launches_chosen_by_model"] == headline["runs_launched"]
+    assert set(result.launched.candidate) | set(result.skipped.candidate) == set(candidates.index)
+
+
+def test_the_shortlist_ranks_by_the_plans_own_prediction_where_the_rows_carry_it() -> None:
+    """A live sweep shortlists what `sweep plan` shows: its predictions came from the coefficients
+    the plan was made with (a calibration, or the fitted prior), not from the search's prior."""
+    candidates = grid(nodes=(1,))
+    outcomes = oracle(candidates, capacity=np.inf)
+    reversed_order = -predicted(candidates)  # the plan's model disagrees with the prior
+    planned = candidates.assign(pred_tokens_per_s_per_gpu=reversed_order - reversed_order.min())
+    result, _, _ = run("shortlist", planned, outcomes, top=2)
+    assert set(result.launched.candidate) == set(reversed_order.nlargest(2).index)
+    assert result.rounds == 1
+
+
+def test_the_shortlist_length_must_be_positive() -> None:
+    candidates = grid(nodes=(1,))
+    with pytest.raises(ValueError, match="top must be at least 1"):
+        search(candidates, oracle(candidates, np.inf), "shortlist", WORKLOADS,
+               params=Params(top=0))

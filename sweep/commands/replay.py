@@ -10,8 +10,8 @@ plus one step. Skips are counted as proofs (`pruned:`, an OOM rules them out) or
 also count the launches its floor forced and the ones its model chose.
 
 With `--cv model`, leave-one-model-out (`sweep.cross_validation`): for each model in turn, the
-throughput model is fitted and the adaptive settings are chosen on the other models only, and
-the model is replayed from them; its prediction error (median and p90 of |pred − meas| / meas
+throughput model is fitted and the search's settings (adaptive: floor and band; `--strategy
+shortlist`: its length) are chosen on the other models only, and the model is replayed from them; its prediction error (median and p90 of |pred − meas| / meas
 over completed runs; nanotron's pre-fix pipeline runs left out) and its economy are printed
 beside the in-sample ones.
 """
@@ -29,6 +29,7 @@ import pandas as pd
 from sweep.calibrate import model_names_for, workloads_for
 from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, read_runs
+from sweep.commands.submit import add_top_argument
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, score, search
 from sweep.replay_tables import Replay, normalise_runs, replay_table
@@ -53,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="heuristic: also skip layouts the memory proxy says need more "
                              "memory than an OOMed one (counted apart from the proofs)")
     parser.add_argument("--cv", choices=("model",), default=None,
-                        help="leave-one-model-out: fit and choose the adaptive settings on the "
-                             "other models, replay each model, report it beside in-sample")
+                        help="leave-one-model-out: fit and choose the search's settings on the "
+                             "other models, replay each model, report it beside in-sample "
+                             "(adaptive, or shortlist with --strategy shortlist)")
     defaults = Params()
     parser.add_argument("--k", type=int, default=defaults.k,
                         help=f"adaptive: runs per open cell per round (default {defaults.k})")
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-cell-runs", type=int, default=defaults.min_cell_runs,
                         help=f"adaptive: runs in a cell before it may close "
                              f"(default {defaults.min_cell_runs})")
+    add_top_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UserError(str(error)) from None
     params = Params(k=args.k, epsilon=args.epsilon, min_cell_runs=args.min_cell_runs,
-                    failed_is_oom=args.failed_is_oom, heuristic_skips=args.heuristic_skips)
+                    top=args.top, failed_is_oom=args.failed_is_oom,
+                    heuristic_skips=args.heuristic_skips)
     if args.cv:
         if args.coefficients:
             raise UserError("--cv model fits its own coefficients; leave out --coefficients")
@@ -122,29 +126,33 @@ def run(args: argparse.Namespace) -> int:
 def cross_validate(args: argparse.Namespace, table: pd.DataFrame, replay: Replay,
                    workloads: dict[str, Workload], names: dict[str, str], params: Params) -> int:
     """`--cv model`: the in-sample and held-out figures of every model, then the pooled ones."""
+    strategy = "shortlist" if args.strategy == "shortlist" else "adaptive"
     try:
         rows = completed_rows(table, str(args.runs), workloads, names)
-        folds = leave_one_model_out(replay, rows, workloads, params)
+        folds = leave_one_model_out(replay, rows, workloads, params, strategy=strategy)
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}") from None
     pooled = summary(folds)
     if args.json:
         print(json.dumps({
-            "source": str(args.runs), "cv": "model", **pooled,
+            "source": str(args.runs), "cv": "model", "strategy": strategy, **pooled,
             "folds": [{"model": f.model, "mode": f.mode, "throughput": f.throughput,
                        "economy": f.economy, "params": dataclasses.asdict(f.params),
                        "cells": f.cells.reset_index(names="cell").to_dict(orient="records")}
                       for f in folds],
         }, indent=2, default=float))
         return 0
+    settings = f"{'top':>5}" if strategy == "shortlist" else f"{'floor':>7}{'q':>5}"
     print(f"{'model':<14}{'fit':<11}{'runs':>6}{'median':>8}{'p90':>8}{'launched':>10}"
-          f"{'cells':>8}{'regret':>8}{'floor/model':>13}{'floor':>7}{'q':>5}")
+          f"{'cells':>8}{'regret':>8}{'floor/model':>13}{settings}")
     for f in folds:
         e, t = f.economy, f.throughput
+        chosen = (f"{f.params.top:>5}" if strategy == "shortlist"
+                  else f"{f.params.min_cell_runs:>7}{f.params.quantile:>5.2f}")
         print(f"{f.model:<14}{f.mode:<11}{t['runs']:>6.0f}{t['median_abs_error']:>8.1%}"
               f"{t['p90_abs_error']:>8.1%}{e['runs_launched_frac']:>10.1%}"
               f"{e['cells_within_2pct']:>4.0f}/{e['cells_total']:<3.0f}{e['max_regret']:>8.1%}"
               f"{e['launches_forced_by_floor']:>7.0f}/{e['launches_chosen_by_model']:<5.0f}"
-              f"{f.params.min_cell_runs:>7}{f.params.quantile:>5.2f}")
+              f"{chosen}")
     print(" ".join(f"{k}={v:.4g}" for k, v in pooled.items()))
     return 0

@@ -3,8 +3,9 @@
 plan → render → run every job.sbatch through the local backend (the scripts a cluster would
 run, with Slurm's environment emulated) → collect → report. Runs that already have a verdict are
 not run again, so a second `sweep run` on a finished sweep does nothing, and one after an
-interruption (Ctrl-C, `kill`) finishes the rest. With `--strategy pruned|adaptive` the search of
-sweep.economy picks the runs, round by round, and what it skipped is written beside runs.parquet.
+interruption (Ctrl-C, `kill`) finishes the rest. With `--strategy pruned|adaptive|shortlist` the
+search of sweep.economy picks the runs, round by round, and what it skipped is written beside
+runs.parquet.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.cli import UserError
 from sweep.commands.render import Rendered, render_sweep
-from sweep.economy import STRATEGIES
+from sweep.commands.submit import add_top_argument
+from sweep.economy import STRATEGIES, Params
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.round_calibration import for_search
@@ -42,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the sweep folder (default: results/<spec name>)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
                         help="which runs to launch (default %(default)s: every kept run)")
+    add_top_argument(parser)
     parser.add_argument("--slots", type=int, default=None,
                         help="CPU slots to fill at once; a job takes nodes × ranks per node "
                              "(default: this machine's CPU count)")
@@ -146,7 +149,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
             with backend.session():
                 search = search_sweep(out, rendered.plan, args.strategy,
                                       workloads_for(rendered.spec), rounds,
-                                      calibration=calibration)
+                                      params=Params(top=args.top), calibration=calibration)
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 

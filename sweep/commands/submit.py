@@ -5,7 +5,8 @@ already rendered. Runs of one resource shape go into one array (split at MaxArra
 by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
 submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
 
-With `--strategy pruned|adaptive` the search of sweep.economy picks the runs, round by round.
+With `--strategy pruned|adaptive|shortlist` the search of sweep.economy picks the runs, round by
+round.
 Detached (the default for a search), a small CPU job on the cluster runs it (`sweep.driver`) and
 this command exits in seconds; `--foreground` runs it here: submits a round, waits for it
 (polling as `sweep status` does), collects, and picks the next; interrupted and started again, it
@@ -39,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with SPEC: the sweep folder (default results/<name>)")
     parser.add_argument("--strategy", choices=STRATEGIES, default="exhaustive",
                         help="which runs to submit (default %(default)s: every kept run at "
-                             "once); pruned and adaptive submit round by round and wait")
+                             "once); pruned, adaptive and shortlist submit round by round")
+    add_top_argument(parser)
     parser.add_argument("--poll-s", type=float, default=30.0,
                         help="with a strategy: seconds between polls of a round (default 30)")
     mode = parser.add_mutually_exclusive_group()
@@ -129,6 +131,15 @@ def positive(text: str) -> int:
     return int(text)
 
 
+def add_top_argument(parser: argparse.ArgumentParser) -> None:
+    """`--top K`, the shortlist strategy's length (shared by `run`, `submit` and `replay`)."""
+    from sweep.economy import Params
+
+    parser.add_argument("--top", type=positive, default=Params().top, metavar="K",
+                        help="shortlist: run each cell's K fastest predicted candidates, the "
+                             "next one in place of any that fails (default %(default)s)")
+
+
 def sweep_folder(target: Path, out: Path | None) -> Path:
     """The sweep folder of a SPEC (rendered now) or a DIR."""
     if target.is_dir():
@@ -185,7 +196,8 @@ def run(args: argparse.Namespace) -> int:
 def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions:
     from sweep.driver import SearchOptions
 
-    return SearchOptions(strategy=args.strategy, max_running=args.max_running, poll_s=args.poll_s,
+    return SearchOptions(strategy=args.strategy, top=args.top, max_running=args.max_running,
+                         poll_s=args.poll_s,
                          max_gpu_hours=cap, report=not args.no_report,
                          calibrate=not getattr(args, "no_calibrate", False))
 

@@ -168,3 +168,31 @@ def test_text_report_counts_floor_launches_and_proof_skips(small_runs: Path, spe
     assert float(last["launches_forced_by_floor"]) + float(last["launches_chosen_by_model"]) == (
         float(last["runs_launched"]))
     assert float(last["pruned_but_completed"]) == float(last["heuristic_skipped"]) == 0
+
+
+def test_a_shortlist_replay_runs_top_completed_per_cell(small_runs: Path, spec: Path,
+                                                        capsys) -> None:
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "shortlist",
+                 "--top", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["params"]["top"] == 2 and report["cells_total"] == 4
+    for cell in report["cells"]:
+        assert cell["launched"] >= 2  # two completed, plus any that failed in their place
+    assert report["launches_chosen_by_model"] == report["runs_launched"]
+    with pytest.raises(SystemExit) as refused:
+        main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "shortlist",
+              "--top", "0"])
+    assert refused.value.code == 2
+    assert "--top: '0' is not a positive whole number" in capsys.readouterr().err
+
+
+def test_cv_model_chooses_the_shortlist_length_on_the_other_model(small_runs: Path, spec: Path,
+                                                                  capsys) -> None:
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--cv", "model",
+                 "--strategy", "shortlist"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[-1] == "top"
+    held_out = [line.split() for line in out if " held-out " in line]
+    assert len(held_out) == 2 and all(int(line[-1]) >= 1 for line in held_out)
+    last = dict(pair.split("=") for pair in out[-1].split())
+    assert float(last["held_out_cells_total"]) == 4

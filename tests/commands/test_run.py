@@ -127,6 +127,29 @@ def test_adaptive_finds_the_exhaustive_best_of_every_cell(
 
 
 @pytest.mark.slow
+def test_shortlist_runs_the_plans_fastest_predicted_candidate_of_every_cell(
+        demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--strategy shortlist --top 1` over the demo's measured runs (a copy: nothing runs twice):
+    per cell, the candidate the plan predicts fastest, and the next only where it failed."""
+    copy = tmp_path / "shortlist"
+    shutil.copytree(demo, copy, ignore=shutil.ignore_patterns("report", "runs.parquet"))
+    assert main(["run", str(DEMO), "--out", str(copy), "--strategy", "shortlist",
+                 "--top", "1"]) == 0
+    assert "shortlist: launched" in capsys.readouterr().out
+    fates = pd.read_csv(copy / SEARCH_RUNS_FILE)
+    assert len(fates) == 11
+    skipped = fates[fates["fate"] == "skipped"]
+    assert skipped["reason"].str.startswith("shortlist: 1 runs predicted faster").all()
+    plan = pd.read_parquet(copy / "plan.parquet").query("status == 'kept'")
+    launched = fates[fates["fate"] == "launched"]
+    for (model, nodes), cell in plan.groupby(["model", "nodes"]):
+        ran = launched[(launched["model"] == model) & (launched["nodes"] == nodes)]
+        assert (ran["status"] == "completed").sum() == 1
+        first = cell.loc[cell["pred_tokens_per_s_per_gpu"].idxmax(), "run_id"]
+        assert first in set(ran["run_id"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill", [signal.SIGTERM, signal.SIGKILL], ids=["term", "kill"])
 def test_an_interrupted_sweep_finishes_the_rest_without_redoing_completed_runs(
         kill: signal.Signals, tmp_path: Path) -> None:
