@@ -253,11 +253,17 @@ PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu
 def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
                      ) -> pd.DataFrame:
     """The plan with the throughput model's step time, tokens/s/GPU and MFU on every kept row
-    (NaN on pruned rows, and MFU on a device without a catalogue peak)."""
+    (NaN on pruned rows, and MFU on a device without a catalogue peak), and `pred_rank`: the
+    row's place in its (model, nodes) cell by predicted tokens/s/GPU, 1 the fastest (the order
+    the shortlist search runs them in; ties in plan order; missing on pruned rows)."""
     kept = frame["status"] == space.KEPT
     predicted = predict_plan(frame[kept], spec, coefficients)
-    return frame.assign(**{name: predicted[name].reindex(frame.index).astype("float64")
-                           for name in PREDICTIONS})
+    out = frame.assign(**{name: predicted[name].reindex(frame.index).astype("float64")
+                          for name in PREDICTIONS})
+    rank = predicted["pred_tokens_per_s_per_gpu"].groupby(
+        [frame.loc[kept, "model"].astype(str), frame.loc[kept, "nodes"]]).rank(
+            method="first", ascending=False)
+    return out.assign(pred_rank=rank.reindex(frame.index).astype("Int64"))
 
 
 __all__ = ["default_prior", "describe_default_prior", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",

@@ -115,6 +115,24 @@ def test_every_row_of_a_real_plan_gets_a_prediction() -> None:
         direct.pred_step_time_s.iloc[0])
 
 
+def test_a_plan_ranks_its_kept_rows_within_each_cell_by_predicted_throughput() -> None:
+    """`pred_rank` is the shortlist's order: 1 is the cell's fastest prediction."""
+    from sweep.calibrate import default_prior, with_predictions
+    from sweep.space import plan
+    from sweep.spec import parse_spec
+
+    spec = parse_spec("name: tiny\nframework: nanotron\ngpu: h100-sxm\nmodels: [playbook-1b, "
+                      "playbook-8b]\nnodes: [1, 2]\nseq_len: 4096\nglobal_batch: {sequences: 64}\n"
+                      "axes: {mbs: [1, 2, 4], zero_stage: [0, 1]}\n")
+    out = with_predictions(plan(spec), spec, default_prior(spec))
+    kept = out[out.status == "kept"]
+    assert out.loc[out.status != "kept", "pred_rank"].isna().all()
+    for _, cell in kept.groupby(["model", "nodes"]):
+        ordered = cell.sort_values("pred_rank")
+        assert list(ordered.pred_rank) == list(range(1, len(cell) + 1))
+        assert ordered.pred_tokens_per_s_per_gpu.is_monotonic_decreasing
+
+
 def test_calibrate_leaves_out_the_pipeline_runs_made_before_nanotrons_fix(refdata, capsys) -> None:
     """nanotron's results table flags 265 successful pipeline runs as made before its 1F1B fix
     (2-10x slower than the same layouts after it), and ten successful runs measured their
