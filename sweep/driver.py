@@ -117,8 +117,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     print(line, flush=True)
     try:
         search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds,
-                              params=Params() if options.top is None else Params(top=options.top),
-                              calibration=calibration)
+                              params=Params.with_top(options.top), calibration=calibration)
     except BudgetReached as stop:
         summary = (f"{options.strategy}: stopped at the budget of {stop.cap_gpu_hours:g} "
                    f"GPU-hours after {rounds.rounds} round(s); {len(stop.left_out)} run(s) the "

@@ -87,6 +87,11 @@ class Params:
     heuristic_skips: bool = False  # heuristic: skip layouts the memory proxy says need more
     top: int = 8               # shortlist: completed runs per cell, best predicted first
 
+    @classmethod
+    def with_top(cls, top: int | None) -> Params:
+        """The defaults, with the shortlist's length where one was asked for (`--top`)."""
+        return cls() if top is None else cls(top=top)
+
 
 @dataclass
 class Search:

@@ -269,6 +269,27 @@ def test_a_detached_adaptive_search_runs_the_same_loop_and_reports(
 
 @pytest.mark.slurm
 @pytest.mark.slow
+def test_a_detached_shortlist_search_runs_its_length_and_skips_the_rest(
+        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path) -> None:
+    """`--top 1` reaches the driver through driver.json: the cell's fastest predicted run is
+    submitted, once, and every other candidate is recorded as skipped by the shortlist."""
+    out = tmp_path / "sweep"
+    submit_detached(write_spec(tmp_path, sweep_name), out, "--top", "1", strategy="shortlist")
+    assert read_record(out)["options"]["top"] == 1
+    progress = wait_for_driver(out, timeout_s=150)
+    assert progress["phase"] == "done", progress
+    assert "shortlist: launched 1 of" in progress["summary"]
+    ledger = [run for s in submissions(read_jsonl(out / "ledger.jsonl")) for run in s.run_ids]
+    rows = pq.read_table(out / "runs.parquet").to_pylist()
+    assert [r["run_id"] for r in rows] == ledger and rows[0]["outcome"] == "completed"
+    fates = (out / SEARCH_RUNS_FILE).read_text().splitlines()[1:]
+    assert sum(",launched," in f for f in fates) == 1
+    assert all("shortlist: 1 runs predicted faster" in f for f in fates if ",skipped," in f)
+    assert len(fates) > 1
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["scancel", "sigkill"])
 def test_a_driver_killed_mid_round_is_replaced_by_resume_and_no_run_is_lost_or_doubled(
         slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,

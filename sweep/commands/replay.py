@@ -29,7 +29,7 @@ import pandas as pd
 from sweep.calibrate import model_names_for, workloads_for
 from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, read_runs
-from sweep.commands.submit import add_top_argument
+from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, score, search
 from sweep.replay_tables import Replay, normalise_runs, replay_table
@@ -84,9 +84,10 @@ def run(args: argparse.Namespace) -> int:
                               args.steps or spec.run.steps, args.startup_s)
     except ValueError as error:
         raise UserError(str(error)) from None
-    params = Params(k=args.k, epsilon=args.epsilon, min_cell_runs=args.min_cell_runs,
-                    top=args.top, failed_is_oom=args.failed_is_oom,
-                    heuristic_skips=args.heuristic_skips)
+    params = dataclasses.replace(
+        Params.with_top(shortlist_top(args)), k=args.k, epsilon=args.epsilon,
+        min_cell_runs=args.min_cell_runs, failed_is_oom=args.failed_is_oom,
+        heuristic_skips=args.heuristic_skips)
     if args.cv:
         if args.coefficients:
             raise UserError("--cv model fits its own coefficients; leave out --coefficients")

@@ -29,7 +29,7 @@ from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.cli import UserError
 from sweep.commands.render import Rendered, render_sweep
-from sweep.commands.submit import add_top_argument
+from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
@@ -106,6 +106,7 @@ class RunProgress:
 def run(args: argparse.Namespace) -> int:
     if args.slots is not None and args.slots < 1:
         raise UserError(f"--slots: must be at least 1, got {args.slots}")
+    shortlist_top(args)  # refused before anything is planned
     started = time.perf_counter()
     console = Console()
     rendered = render_sweep(args.spec, args.out)
@@ -149,7 +150,8 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
             with backend.session():
                 search = search_sweep(out, rendered.plan, args.strategy,
                                       workloads_for(rendered.spec), rounds,
-                                      params=Params(top=args.top), calibration=calibration)
+                                      params=Params.with_top(args.top),
+                                      calibration=calibration)
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 

@@ -135,9 +135,16 @@ def add_top_argument(parser: argparse.ArgumentParser) -> None:
     """`--top K`, the shortlist strategy's length (shared by `run`, `submit` and `replay`)."""
     from sweep.economy import Params
 
-    parser.add_argument("--top", type=positive, default=Params().top, metavar="K",
+    parser.add_argument("--top", type=positive, default=None, metavar="K",
                         help="shortlist: run each cell's K fastest predicted candidates, the "
-                             "next one in place of any that fails (default %(default)s)")
+                             f"next one in place of any that fails (default {Params().top})")
+
+
+def shortlist_top(args: argparse.Namespace) -> int | None:
+    """`--top`, refused with any strategy but the shortlist (it would change nothing)."""
+    if args.top is not None and args.strategy != "shortlist":
+        raise UserError(f"--top applies to --strategy shortlist, not --strategy {args.strategy}")
+    return args.top
 
 
 def sweep_folder(target: Path, out: Path | None) -> Path:
@@ -196,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
 def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions:
     from sweep.driver import SearchOptions
 
-    return SearchOptions(strategy=args.strategy, top=args.top, max_running=args.max_running,
+    return SearchOptions(strategy=args.strategy, top=shortlist_top(args),
+                         max_running=args.max_running,
                          poll_s=args.poll_s,
                          max_gpu_hours=cap, report=not args.no_report,
                          calibrate=not getattr(args, "no_calibrate", False))

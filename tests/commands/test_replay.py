@@ -196,3 +196,11 @@ def test_cv_model_chooses_the_shortlist_length_on_the_other_model(small_runs: Pa
     assert len(held_out) == 2 and all(int(line[-1]) >= 1 for line in held_out)
     last = dict(pair.split("=") for pair in out[-1].split())
     assert float(last["held_out_cells_total"]) == 4
+
+
+def test_top_is_refused_with_a_strategy_it_does_not_change(small_runs: Path, spec: Path,
+                                                           capsys) -> None:
+    assert main(["replay", str(small_runs), "--spec", str(spec), "--strategy", "adaptive",
+                 "--top", "3"]) == 2
+    assert "--top applies to --strategy shortlist, not --strategy adaptive" in (
+        capsys.readouterr().err)

@@ -235,3 +235,11 @@ def test_an_invalid_spec_is_one_clear_error(tmp_path: Path,
     assert "bad.yaml" in err and "nodes" in err
     assert not (tmp_path / "x").exists()
 
+
+
+def test_top_without_the_shortlist_is_refused_before_anything_is_planned(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    assert main(["run", str(DEMO), "--out", str(out), "--strategy", "pruned", "--top", "2"]) == 2
+    assert "--top applies to --strategy shortlist" in capsys.readouterr().err
+    assert not out.exists()
