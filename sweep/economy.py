@@ -423,10 +423,12 @@ def _pruned(state: _State) -> Search:
 
 
 def _shortlist(state: _State, model: Predictor) -> Search:
-    """Each round, per cell, the best predicted untried candidates, until the cell has `top`
-    completed runs or none left: a run that ran out of memory or failed gives its place to the
-    next (and an OOM skips what it proves cannot fit). The ranking is fixed before the first
-    round: the plan's prediction where a candidate has one, else the prior's."""
+    """Each round, per cell, the `top` best predicted candidates that may still complete (the
+    untried ones the plan keeps, and the completed runs), and launch the untried among them; a
+    run that ran out of memory or failed so drops out and gives its place to the next (an OOM
+    also skips what it proves cannot fit), and a candidate a re-plan releases takes its place in
+    the ranking. The ranking is fixed before the first round: the plan's prediction where a
+    candidate has one, else the prior's."""
     top = state.params.top
     predicted = pd.Series(model.tokens_per_s_per_gpu(state.candidates.index),
                           index=state.candidates.index)
@@ -435,13 +437,11 @@ def _shortlist(state: _State, model: Predictor) -> Search:
         predicted = planned.where(planned.notna(), predicted)
     round_no = 0
     while len(state.untried) and round_no < state.params.max_rounds:
-        ok = state.known.index[state.known.status == "completed"]
-        completed = state.cells[ok].value_counts()
+        completed = state.known.index[state.known.status == "completed"]
+        standing = state.untried.union(completed)
         batch: list[int] = []
-        for cell, ids in state.untried.groupby(state.cells[state.untried].to_numpy()).items():
-            wanted = top - int(completed.get(cell, 0))
-            if wanted > 0:
-                batch += list(predicted[ids].nlargest(wanted).index)
+        for _, ids in standing.groupby(state.cells[standing].to_numpy()).items():
+            batch += [c for c in predicted[ids].nlargest(top).index if c in state.untried]
         if not batch:
             break
         round_no += 1

@@ -490,3 +490,21 @@ def test_the_shortlist_length_must_be_positive() -> None:
     with pytest.raises(ValueError, match="top must be at least 1"):
         search(candidates, oracle(candidates, np.inf), "shortlist", WORKLOADS,
                params=Params(top=0))
+
+
+def test_a_candidate_a_replan_releases_joins_the_shortlist_where_it_ranks() -> None:
+    """Self-calibration may find that the fastest predicted candidate fits after all: it runs,
+    although its cell already had `top` completed runs."""
+    candidates = grid(nodes=(1,))
+    table = oracle(candidates, capacity=np.inf)
+    fastest = predicted(candidates).idxmax()
+
+    def release_after_round_1(known: pd.DataFrame, round_no: int, _c: object) -> Replanned:
+        keep = candidates.index.drop(fastest) if round_no == 0 else candidates.index
+        return Replanned(keep, "pruned:memory (x)")
+
+    result = search(candidates, table, "shortlist", WORKLOADS, params=Params(top=2),
+                    held=pd.Index([fastest]), replan=release_after_round_1)
+    rounds = result.launched.set_index("candidate")["round"]
+    assert (rounds.drop(fastest) == 1).all() and len(rounds) == 3
+    assert rounds[fastest] == 2 and result.rounds == 2
