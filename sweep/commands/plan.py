@@ -334,16 +334,19 @@ def summary_table(frame: pd.DataFrame) -> Table:
 
 
 def candidates_table(frame: pd.DataFrame) -> Table:
-    """Every kept candidate with its predictions, best first within each (model, nodes)."""
+    """Every kept candidate with its predictions, best first within each (model, nodes), and its
+    place there (`pred_rank`: the order `--strategy shortlist` runs them in)."""
     table = Table(title="sweep plan: kept candidates, predicted (throughput model)")
-    for name in ("model", "nodes", "configuration", "run_id", "tok/s/GPU", "MFU",
+    for name in ("model", "nodes", "rank", "configuration", "run_id", "tok/s/GPU", "MFU",
                  "step time", "memory"):
         table.add_column(name, justify="left" if name in ("model", "configuration", "run_id")
                          else "right", no_wrap=True)
     ranked = _best_predicted(frame).sort_values(["model", "nodes"], kind="stable")
     for _, row in ranked.iterrows():
         memory_gib = row.get("mem_total_bytes", float("nan")) / 2**30
-        table.add_row(str(row["model"]), str(row["nodes"]), space.layout_of(row).label(),
+        rank = row.get("pred_rank")
+        table.add_row(str(row["model"]), str(row["nodes"]), "–" if pd.isna(rank) else str(rank),
+                      space.layout_of(row).label(),
                       str(row["run_id"]),
                       _rate(row["pred_tokens_per_s_per_gpu"]), _percent(row["pred_mfu"]),
                       f"{row['pred_step_time_s']:.3f} s",

@@ -158,6 +158,9 @@ def test_every_kept_candidate_carries_its_predicted_throughput_and_mfu(
     assert all(run_id in printed for run_id in kept.run_id)  # --candidates lists every one
     best = kept.loc[kept[kept.nodes == 1].pred_tokens_per_s_per_gpu.idxmax()]
     assert f"{best.pred_tokens_per_s_per_gpu:,.0f}" in printed
+    assert best.pred_rank == 1  # the shortlist's order, stored and printed
+    line = next(row for row in printed.splitlines() if best.run_id in row)
+    assert line.split("│")[3].strip() == "1"
 
 
 def test_calibrated_coefficients_in_the_sweep_folder_drive_the_predictions(
