@@ -96,6 +96,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
     from sweep.cli import UserError
+    from sweep.commands.calibrate import sweep_coefficients
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY
     from sweep.economy import Params
     from sweep.live_search import search_sweep
@@ -117,7 +118,8 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     print(line, flush=True)
     try:
         search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds,
-                              params=Params.with_top(options.top), calibration=calibration)
+                              params=Params.with_top(options.top), calibration=calibration,
+                              plan_coefficients=sweep_coefficients(folder, spec))
     except BudgetReached as stop:
         summary = (f"{options.strategy}: stopped at the budget of {stop.cap_gpu_hours:g} "
                    f"GPU-hours after {rounds.rounds} round(s); {len(stop.left_out)} run(s) the "

@@ -24,7 +24,7 @@ from sweep.backends import Rounds
 from sweep.collect import update_runs
 from sweep.round_calibration import RoundCalibration
 from sweep.space import KEPT
-from sweep.throughput import Workload
+from sweep.throughput import Coefficients, Workload
 
 SEARCH_PROGRESS_FILE: Final = "search_progress.csv"
 SEARCH_RUNS_FILE: Final = "search_runs.csv"
@@ -79,13 +79,19 @@ def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFra
 def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
                  workloads: Mapping[str, Workload], rounds: Rounds,
                  params: economy.Params = economy.Params(),
-                 calibration: RoundCalibration | None = None) -> LiveSearch:
+                 calibration: RoundCalibration | None = None,
+                 plan_coefficients: Coefficients | None = None) -> LiveSearch:
     """Run `strategy` over the sweep's kept runs: each round's runs go to `rounds` (those its
     backend has not `finished` yet), then the sweep is collected and the round's outcomes read
     back. With a `calibration`, the memory model is recalibrated on the sweep's own attempts
     before the first round and after every round, and the search follows the re-plan
     (`sweep.round_calibration`). What the search did is written beside runs.parquet
-    (`write_search`)."""
+    (`write_search`).
+
+    `plan_coefficients`: what the plan predicted with (`sweep.commands.calibrate.
+    sweep_coefficients`). The shortlist ranks with them, so that it runs what the plan shows as
+    fastest, a candidate a re-plan releases included; the adaptive search starts from the
+    physical prior, which made it launch fewer runs than the fitted one (README)."""
     candidates = candidates_of(plan) if calibration is None else calibration.candidates
 
     def run_dir(i: int) -> Path:  # read when asked: a re-plan gives new candidates their run id
@@ -99,7 +105,8 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
         answer = outcomes_from_runs(runs, [str(candidates.at[int(i), "run_id"]) for i in ids])
         return answer.set_axis(ids)
 
-    result = economy.search(candidates, oracle, strategy, workloads, params=params,
+    prior = plan_coefficients if strategy == "shortlist" and plan_coefficients else Coefficients()
+    result = economy.search(candidates, oracle, strategy, workloads, prior=prior, params=params,
                             held=None if calibration is None else calibration.held,
                             replan=calibration)
     considered = candidates.loc[result.considered]  # without what the plan never kept

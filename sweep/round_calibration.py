@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sweep import self_calibration, space
-from sweep.calibrate import default_prior, with_predictions
+from sweep.calibrate import with_predictions
 from sweep.economy import Replanned
 from sweep.render import render_runs
 from sweep.spec import Spec
@@ -135,11 +135,19 @@ class RoundCalibration:
         record.update(calibrated=True, **summary, plan_changes=changed, released=released,
                       held_back=held_back)
         self._append(record)
-        self._write_plan(with_predictions(replanned, self.spec, coefficients or default_prior(self.spec)),
+        self._write_plan(with_predictions(replanned, self.spec,
+                                          coefficients or self._plan_coefficients()),
                          {**calibration.to_dict(), "status_changes": changed, "round": round_no})
         when = f"after round {round_no}" if isinstance(round_no, int) else f"at {round_no}"
         return Replanned(self.candidates.index[kept],
                          f"{MEMORY_RULE} (self-calibrated {when}: reserved peak × {factor:.3f})")
+
+    def _plan_coefficients(self) -> Coefficients:
+        """What the re-plan predicts with when the round's search made no refit: what `sweep
+        plan` predicts with (the sweep's throughput.json, else the default prior)."""
+        from sweep.commands.calibrate import sweep_coefficients
+
+        return sweep_coefficients(self.sweep_dir, self.spec)
 
     def _render_new(self, replanned: pd.DataFrame, kept: np.ndarray) -> None:
         """Run folders (and run ids) for candidates kept for the first time."""

@@ -20,6 +20,7 @@ import pandas as pd
 
 from sweep.calibrate import (
     Fit,
+    default_prior,
     error_summary,
     fit,
     model_names_for,
@@ -155,6 +156,13 @@ def _as_coefficients(values: object, key: str, path: Path) -> Coefficients:
 def load_coefficients(path: Path) -> Coefficients:
     """Coefficients written by `sweep calibrate` (or by `sweep plan --calibrate-from`)."""
     return _as_coefficients(_coefficients_file(path).get("coefficients"), "coefficients", path)
+
+
+def sweep_coefficients(folder: Path, spec: Spec) -> Coefficients:
+    """The coefficients a plan of the sweep in `folder` predicts with unless `--coefficients`
+    says otherwise: the folder's calibration (`throughput.json`), else the default prior."""
+    path = folder / COEFFICIENTS_FILE
+    return load_coefficients(path) if path.is_file() else default_prior(spec)
 
 
 def load_prior(path: Path) -> Coefficients:

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sweep import memory, self_calibration, space
-from sweep.calibrate import default_prior, describe_default_prior, with_predictions
+from sweep.calibrate import describe_default_prior, with_predictions
 from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
@@ -36,6 +36,7 @@ from sweep.commands.calibrate import (
     load_coefficients,
     load_prior,
     self_calibration_payload,
+    sweep_coefficients,
 )
 from sweep.memory_profiles import RESERVED_BAND, reserved_interval
 from sweep.spec import Spec, load_spec
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path("results") / spec.name
     coefficients = args.coefficients or out / COEFFICIENTS_FILE
     has_file = coefficients.is_file()
-    throughput = load_coefficients(coefficients) if has_file else default_prior(spec)
+    throughput = load_coefficients(coefficients) if args.coefficients else sweep_coefficients(
+        out, spec)
     files: dict[str, str] = {}  # written once the plan is
     if args.calibrate_from is not None:
         prior = load_prior(coefficients) if has_file else throughput

@@ -28,6 +28,7 @@ from rich.progress import (
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.cli import UserError
+from sweep.commands.calibrate import sweep_coefficients
 from sweep.commands.render import Rendered, render_sweep
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
@@ -151,7 +152,8 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
                 search = search_sweep(out, rendered.plan, args.strategy,
                                       workloads_for(rendered.spec), rounds,
                                       params=Params.with_top(args.top),
-                                      calibration=calibration)
+                                      calibration=calibration,
+                                      plan_coefficients=sweep_coefficients(out, rendered.spec))
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 

@@ -178,6 +178,16 @@ def test_calibrated_coefficients_in_the_sweep_folder_drive_the_predictions(
     assert np.allclose(calibrated[kept], prior[kept] + 10.0)
 
 
+def test_a_coefficients_file_that_is_not_there_is_an_error_not_the_default(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sweep"
+    missing = tmp_path / "throughput.json"
+    assert main(["plan", str(write_spec(tmp_path)), "--out", str(out),
+                 "--coefficients", str(missing)]) == 2
+    assert f"{missing}: cannot read the coefficients" in capsys.readouterr().err
+    assert not (out / "plan.parquet").exists()
+
+
 def test_a_nanotron_plan_on_h100_predicts_with_the_fit_to_nanotrons_published_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """No throughput.json: the committed fit (sweep/fitted_throughput.py), not the physical

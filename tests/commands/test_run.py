@@ -6,6 +6,7 @@ watchdog per emulated node, torchrun and the built-in workload on gloo.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -18,9 +19,12 @@ import psutil
 import pytest
 import yaml
 
+from sweep.calibrate import workloads_for
 from sweep.cli import main
 from sweep.live_search import SEARCH_PROGRESS_FILE, SEARCH_RUNS_FILE, outcomes_from_runs
+from sweep.spec import load_spec
 from sweep.state import attempt_dirs, read_json
+from sweep.throughput import Coefficients, predict
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "local-cpu.yaml"
@@ -130,9 +134,13 @@ def test_adaptive_finds_the_exhaustive_best_of_every_cell(
 def test_shortlist_runs_the_plans_fastest_predicted_candidate_of_every_cell(
         demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--strategy shortlist --top 1` over the demo's measured runs (a copy: nothing runs twice):
-    per cell, the candidate the plan predicts fastest, and the next only where it failed."""
+    per cell, the candidate the plan predicts fastest, and the next only where it failed. The
+    plan predicts with the sweep's calibration (throughput.json), here one that ranks every cell
+    differently from the default prior: the shortlist follows the plan, not its own prior."""
     copy = tmp_path / "shortlist"
     shutil.copytree(demo, copy, ignore=shutil.ignore_patterns("report", "runs.parquet"))
+    optimizer_bound = {"optimizer": Coefficients().optimizer * 1e4}
+    (copy / "throughput.json").write_text(json.dumps({"coefficients": optimizer_bound}))
     assert main(["run", str(DEMO), "--out", str(copy), "--strategy", "shortlist",
                  "--top", "1"]) == 0
     assert "shortlist: launched" in capsys.readouterr().out
@@ -141,12 +149,15 @@ def test_shortlist_runs_the_plans_fastest_predicted_candidate_of_every_cell(
     skipped = fates[fates["fate"] == "skipped"]
     assert skipped["reason"].str.startswith("shortlist: 1 runs predicted faster").all()
     plan = pd.read_parquet(copy / "plan.parquet").query("status == 'kept'")
+    workloads = workloads_for(load_spec(DEMO))
     launched = fates[fates["fate"] == "launched"]
     for (model, nodes), cell in plan.groupby(["model", "nodes"]):
         ran = launched[(launched["model"] == model) & (launched["nodes"] == nodes)]
         assert (ran["status"] == "completed").sum() == 1
         first = cell.loc[cell["pred_tokens_per_s_per_gpu"].idxmax(), "run_id"]
         assert first in set(ran["run_id"])
+        by_prior = predict(cell, workloads[model])["pred_tokens_per_s_per_gpu"]
+        assert cell.loc[by_prior.idxmax(), "run_id"] != first  # the calibration decided
 
 
 @pytest.mark.slow
