@@ -58,9 +58,9 @@ LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "s
 PROOF_BASE: Final = ("dp", "tp", "pp", "cp", "ep", "pp_schedule", "vpp")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
 PROOF: Final = "pruned:"  # a skip that an OOM proves
+HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The plan's predicted throughput of a candidate (`sweep.calibrate.with_predictions`).
 PLAN_PREDICTION: Final = "pred_tokens_per_s_per_gpu"
-HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The planner's per-component estimate (`sweep.memory`), when the candidates carry it.
 PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients", "optimizer",
                                                          "activations", "logits"))
