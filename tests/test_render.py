@@ -202,7 +202,8 @@ def test_sweep_render_writes_the_kept_runs_of_a_spec(tmp_path: Path,
     dirs = sorted((tmp_path / "sweep" / "runs").iterdir())
     assert len(dirs) == 4  # two models x one and two nodes, DP only
     assert "rendered 4 run(s) of 4 candidate(s) from a new plan" in capsys.readouterr().out
-    assert (tmp_path / "sweep" / "plan.parquet").is_file()
+    planned = pd.read_parquet(tmp_path / "sweep" / "plan.parquet")  # as `sweep plan` writes it
+    assert (planned.pred_rank == 1).sum() == 4 and planned.pred_tokens_per_s_per_gpu.gt(0).all()
     assert main(["render", str(spec), "--out", str(tmp_path / "sweep")]) == 0
     assert f"from plan {tmp_path / 'sweep' / 'plan.parquet'}" in capsys.readouterr().out
     spec.write_text(spec.read_text().replace("steps: 4", "steps: 5"))  # another spec hash

@@ -48,6 +48,8 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
                  ) -> Rendered:
     """Plan (or reuse the sweep folder's current plan) and render every kept run."""
     from sweep import space
+    from sweep.calibrate import with_predictions
+    from sweep.commands.calibrate import sweep_coefficients
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
     from sweep.render import render_runs
     from sweep.spec import load_spec
@@ -67,6 +69,9 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
             plan = space.plan(spec)
         except space.PlanError as error:
             raise UserError(f"{spec_path}: {error}") from None
+        # as `sweep plan` writes it: with the predictions (and pred_rank) of the sweep's
+        # coefficients, the order the shortlist runs in
+        plan = with_predictions(plan, spec, sweep_coefficients(out, spec))
         write_plan(out, spec, spec_path, plan)
     run_dirs = render_runs(spec, plan, out, spec_dir=spec_path.resolve().parent)
     source = f"plan {plan_file}" if plan_file else f"a new plan ({out / PLAN_FILE})"
