@@ -1,4 +1,5 @@
-"""The search driver: a pruned or adaptive search that lives on the cluster, not on a login node.
+"""The search driver: a pruned, adaptive or shortlist search that lives on the cluster, not on a
+login node.
 
 `sweep submit SPEC --strategy adaptive` (detached, the default for a search) plans, renders,
 runs the preflight and submits this driver as a small CPU job through submitit, then exits. The

@@ -279,8 +279,8 @@ class RunSettings(_Strict):
 
 class DriverSettings(_Strict):
     """The search driver of a detached sweep (`sweep submit --detach`): a small CPU job that runs
-    the rounds of a pruned or adaptive search, then collect and report. It requeues itself at
-    its time limit, so `time_limit` bounds one stint, not the whole search."""
+    the rounds of a pruned, adaptive or shortlist search, then collect and report. It requeues
+    itself at its time limit, so `time_limit` bounds one stint, not the whole search."""
 
     partition: SlurmValue | None = None  # default: the cluster's default partition
     account: SlurmValue | None = None

@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: this machine's CPU count)")
     parser.add_argument("--no-report", action="store_true", help="stop after collect")
     parser.add_argument("--no-calibrate", action="store_true",
-                        help="pruned/adaptive: keep the plan's memory verdicts instead of "
+                        help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
                              "round (sweep.round_calibration)")
 

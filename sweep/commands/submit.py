@@ -47,13 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--detach", dest="detach", action="store_true", default=None,
                       help="run the search in a small CPU job on the cluster (spec: driver) and "
-                           "exit; the default for pruned and adaptive")
+                           "exit; the default for a search (pruned, adaptive, shortlist)")
     mode.add_argument("--foreground", dest="detach", action="store_false",
                       help="run the search in this process, which must live until it ends")
     parser.add_argument("--yes", action="store_true",
                         help="submit without asking, however many GPU-hours the worst case is")
     parser.add_argument("--no-calibrate", action="store_true",
-                        help="pruned/adaptive: keep the plan's memory verdicts instead of "
+                        help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
                              "round (sweep.round_calibration)")
     add_submit_options(parser)
