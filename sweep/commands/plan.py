@@ -85,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else Path("results") / spec.name
     coefficients = args.coefficients or out / COEFFICIENTS_FILE
     has_file = coefficients.is_file()
-    throughput = load_coefficients(coefficients) if args.coefficients else sweep_coefficients(
-        out, spec)
+    # a file named with --coefficients must exist; the folder's own is optional
+    throughput = (load_coefficients(args.coefficients) if args.coefficients
+                  else sweep_coefficients(out, spec))
     files: dict[str, str] = {}  # written once the plan is
     if args.calibrate_from is not None:
         prior = load_prior(coefficients) if has_file else throughput

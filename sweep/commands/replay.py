@@ -11,9 +11,9 @@ also count the launches its floor forced and the ones its model chose.
 
 With `--cv model`, leave-one-model-out (`sweep.cross_validation`): for each model in turn, the
 throughput model is fitted and the search's settings (adaptive: floor and band; `--strategy
-shortlist`: its length) are chosen on the other models only, and the model is replayed from them; its prediction error (median and p90 of |pred − meas| / meas
-over completed runs; nanotron's pre-fix pipeline runs left out) and its economy are printed
-beside the in-sample ones.
+shortlist`: its length) are chosen on the other models only, and the model is replayed from
+them; its prediction error (median and p90 of |pred − meas| / meas over completed runs;
+nanotron's pre-fix pipeline runs left out) and its economy are printed beside the in-sample ones.
 """
 
 from __future__ import annotations
