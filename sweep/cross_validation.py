@@ -4,12 +4,12 @@
 Every figure fitted on a model and scored on the same model flatters the code: a user's model is
 never one we fitted on. Here, for each model M of a published sweep in turn, the throughput
 coefficients are fitted on the other models' completed runs, the strategy's settings (the
-adaptive floor and band, or the shortlist's length) are chosen on replays of the other models only, and M is then replayed from those coefficients
-with those settings. Its prediction error and its economy are reported beside the in-sample ones
+adaptive floor and band, or the shortlist's length) are chosen on replays of the other models
+only, and M is then replayed from those coefficients with those settings. Its prediction error and its economy are reported beside the in-sample ones
 (coefficients and settings chosen on every model, M included).
 
-How settings are chosen (`choose_params`), on a set of training models: every entry of
-`SETTINGS_GRID` is replayed on each training model alone, starting from coefficients fitted on
+How settings are chosen (`choose_params`), on a set of training models: every entry of the
+strategy's grid (`GRIDS`) is replayed on each training model alone, starting from coefficients fitted on
 the *other* training models (the physical prior when there are none, so the choice is itself
 made out of sample); the chosen entry finds every training cell within 2 % of its best with the
 fewest runs (else the most cells, then the fewest runs; ties go to the earlier, cheaper entry).
@@ -235,6 +235,7 @@ def default_settings(replay: Replay, workloads: Mapping[str, Workload],
                          strategy=strategy).params
 
 
-__all__ = ["GRIDS", "Settings", "SETTINGS_GRID", "SHORTLIST_GRID", "ShortlistSettings", "Choice", "Fold", "choose_params", "completed_rows",
-           "completed_rows_for_spec", "left_out_priors",
-           "default_settings", "fit_on", "leave_one_model_out", "replay_once", "summary"]
+__all__ = ["GRIDS", "SETTINGS_GRID", "SHORTLIST_GRID", "Choice", "Fold", "Settings",
+           "ShortlistSettings", "choose_params", "completed_rows", "completed_rows_for_spec",
+           "default_settings", "fit_on", "leave_one_model_out", "left_out_priors", "replay_once",
+           "summary"]
