@@ -9,10 +9,11 @@ only, and M is then replayed from those coefficients with those settings. Its pr
 (coefficients and settings chosen on every model, M included).
 
 How settings are chosen (`choose_params`), on a set of training models: every entry of the
-strategy's grid (`GRIDS`) is replayed on each training model alone, starting from coefficients fitted on
-the *other* training models (the physical prior when there are none, so the choice is itself
-made out of sample); the chosen entry finds every training cell within 2 % of its best with the
-fewest runs (else the most cells, then the fewest runs; ties go to the earlier, cheaper entry).
+strategy's grid (`GRIDS`) is replayed on each training model alone, starting from coefficients
+fitted on the *other* training models (the physical prior when there are none, so the choice is
+itself made out of sample); the chosen entry finds every training cell within 2 % of its best
+with the fewest runs (else the most cells, then the fewest runs; ties go to the earlier, cheaper
+entry).
 The defaults of `sweep.economy.Params` are this choice on the playbook's charts table with the
 physical prior (`default_settings`, for each strategy; a test reproduces them).
 
