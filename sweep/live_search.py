@@ -24,10 +24,10 @@ from sweep.backends import Rounds
 from sweep.collect import update_runs
 from sweep.round_calibration import RoundCalibration
 from sweep.space import KEPT
+from sweep.sweep_folder import SEARCH_RUNS_FILE
 from sweep.throughput import Coefficients, Workload
 
 SEARCH_PROGRESS_FILE: Final = "search_progress.csv"
-SEARCH_RUNS_FILE: Final = "search_runs.csv"
 # economy's outcome classes: what the skipping rules and the model need to know.
 _STATUS: Final = {"completed": "completed", "oom": "oom"}
 

@@ -23,6 +23,21 @@ from sweep.state import LEDGER_FILE, RUN_FILE, read_json, read_jsonl
 from sweep.submission import RunJob, Submission, SubmissionError, shape_of, submissions
 
 BAD_NODES_FILE: Final = "bad_nodes.json"
+# Every candidate's fate in the sweep's last search, launched or skipped (`sweep.live_search`).
+SEARCH_RUNS_FILE: Final = "search_runs.csv"
+
+
+def skipped_by_search(folder: Path) -> frozenset[str]:
+    """The runs the sweep's last search chose not to run (`search_runs.csv`; none without one):
+    rendered, never submitted, and nothing left to do for them, unlike a run still to come."""
+    import csv
+
+    path = folder / SEARCH_RUNS_FILE
+    if not path.is_file():
+        return frozenset()
+    with path.open(newline="", encoding="utf-8") as handle:
+        return frozenset(row["run_id"] for row in csv.DictReader(handle)
+                         if row.get("fate") == "skipped" and row.get("run_id"))
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,13 @@ from sweep.cli import UserError
 
 if TYPE_CHECKING:
     from sweep.driver import DriverView
+    from sweep.submission import RunState
     from sweep.tracker import Observation
 
 FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
           "lost")
-ORDER = ("completed", *FAILED, "running", "pending", "submitted", "unsubmitted")
+SKIPPED = "skipped by the search"  # rendered, never submitted: the last search chose not to
+ORDER = ("completed", *FAILED, "running", "pending", "submitted", "unsubmitted", SKIPPED)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,10 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between polls with --watch (default 30)")
 
 
-def gpu_hours(observation: Observation) -> tuple[float, float]:
+def gpu_hours(observation: Observation, skipped: frozenset[str] = frozenset()
+              ) -> tuple[float, float]:
     """(used, remaining estimate). Used: elapsed x GPUs of every run's latest attempt. Remaining:
     each run still to finish (in flight, never submitted, or failed but resumable) at the median
-    elapsed time of completed runs of its (model, nodes), else at its time limit."""
+    elapsed time of completed runs of its (model, nodes), else at its time limit; not the runs
+    in `skipped`, which a search chose not to run (`sweep.sweep_folder.skipped_by_search`)."""
     from sweep.submission import NOT_RESUMED_BY_DEFAULT
 
     infos = observation.infos
@@ -55,7 +59,8 @@ def gpu_hours(observation: Observation) -> tuple[float, float]:
     remaining = 0.0
     for state in observation.states:
         info = infos.get(state.run_id)
-        if info is None or state.state in NOT_RESUMED_BY_DEFAULT:
+        if info is None or state.state in NOT_RESUMED_BY_DEFAULT or (
+                state.state == "unsubmitted" and state.run_id in skipped):
             continue
         typical = done.get((info.model, info.nodes))
         seconds = statistics.median(typical) if typical else info.time_limit_s
@@ -63,14 +68,20 @@ def gpu_hours(observation: Observation) -> tuple[float, float]:
     return used, remaining
 
 
-def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Iterable[object]:
-    """rich renderables for one poll."""
+def render(observation: Observation, sweep_dir: Path, elapsed_s: float,
+           skipped: frozenset[str] = frozenset()) -> Iterable[object]:
+    """rich renderables for one poll; `skipped`: the runs a search chose not to run, shown apart
+    from the runs still to submit."""
     from rich.table import Table
 
     from sweep.submission import counts_by
 
     states = observation.states
-    counts = counts_by(states)
+
+    def shown(state: RunState) -> str:
+        return SKIPPED if state.state == "unsubmitted" and state.run_id in skipped else state.state
+
+    counts = counts_by(states, shown)
     summary = Table(title=f"{sweep_dir.name}: {len(states)} run(s)")
     summary.add_column("state")
     summary.add_column("runs", justify="right")
@@ -79,16 +90,18 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Itera
     yield summary
 
     by_cell = Table(title="by model and nodes")
-    for column in ("model", "nodes", "runs", "completed", "failed", "in flight", "unsubmitted"):
+    columns = ("completed", "failed", "in flight", "unsubmitted",
+               *(("skipped",) if skipped else ()))
+    for column in ("model", "nodes", "runs", *columns):
         by_cell.add_column(column, justify="left" if column == "model" else "right")
     cells: dict[tuple[str, int], dict[str, int]] = {}
     for state in states:
         info = observation.infos.get(state.run_id)
         key = (info.model, info.nodes) if info else ("?", 0)
-        cell = cells.setdefault(key, {"runs": 0, "completed": 0, "failed": 0, "in flight": 0,
-                                      "unsubmitted": 0})
+        cell = cells.setdefault(key, {"runs": 0, **dict.fromkeys(columns, 0)})
         cell["runs"] += 1
         column = ("completed" if state.state == "completed" else "in flight" if state.in_flight
+                  else "skipped" if shown(state) == SKIPPED
                   else "unsubmitted" if state.state == "unsubmitted" else "failed")
         cell[column] += 1
     for (model, nodes), cell in sorted(cells.items()):
@@ -104,7 +117,7 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float) -> Itera
             table.add_row(state.run_id, state.state, state.reason[:60], state.task or "",
                           str(state.attempt or ""), ",".join(state.nodes))
         yield table
-    used, remaining = gpu_hours(observation)
+    used, remaining = gpu_hours(observation, skipped)
     excluded = (f"{','.join(observation.excluded)} (why: `sweep nodes {sweep_dir}`)"
                 if observation.excluded else "none")
     calls = ", ".join(f"{n} {c}" for c, n in sorted(observation.slurm_calls.items())) or "none"
@@ -155,10 +168,13 @@ def run(args: argparse.Namespace) -> int:
     from sweep.driver import observe_driver
     from sweep.round_calibration import describe_latest
     from sweep.slurm import SlurmError
+    from sweep.sweep_folder import skipped_by_search
     from sweep.tracker import Tracker
 
     tracker = Tracker(args.sweep_dir)
     console = Console()
+    if not console.is_terminal:  # a pipe or a log file: do not squeeze the tables into 80 columns
+        console = Console(width=max(console.width, 140))
     while True:
         started = time.perf_counter()
         try:
@@ -167,14 +183,15 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(str(error)) from None
         if args.watch:
             console.clear()
-        for item in render(observation, tracker.dir, time.perf_counter() - started):
+        skipped = skipped_by_search(tracker.dir)
+        for item in render(observation, tracker.dir, time.perf_counter() - started, skipped):
             console.print(item)
         try:
             view = observe_driver(tracker.dir, tracker.slurm)
         except SlurmError as error:
             raise UserError(str(error)) from None
         if view is not None:
-            console.print(render_driver(view, gpu_hours(observation)[0]), markup=False,
+            console.print(render_driver(view, gpu_hours(observation, skipped)[0]), markup=False,
                           highlight=False, soft_wrap=True)
         calibrated = describe_latest(tracker.dir)
         if calibrated is not None:

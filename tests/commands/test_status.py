@@ -10,7 +10,7 @@ from rich.console import Console
 
 from sweep.commands.status import gpu_hours, render
 from sweep.submission import RunState
-from sweep.sweep_folder import RunInfo, time_seconds
+from sweep.sweep_folder import SEARCH_RUNS_FILE, RunInfo, skipped_by_search, time_seconds
 from sweep.tracker import Observation
 
 
@@ -45,3 +45,21 @@ def test_the_tables_show_counts_cells_failures_and_the_exclude_list() -> None:
 def test_slurm_time_limits() -> None:
     assert [time_seconds(t) for t in ("30", "00:10:00", "1-02:00:00", "05:30", "")] == \
         [1800, 600, 93600, 330, 0]
+
+
+def test_runs_a_search_chose_not_to_run_are_not_left_to_do(tmp_path: Path) -> None:
+    """After a search, the candidates it skipped are rendered and never submitted: status shows
+    them apart from the runs still to submit, and counts no GPU-hours for them."""
+    (tmp_path / SEARCH_RUNS_FILE).write_text(
+        "run_id,model,nodes,fate,round,status,reason\n"
+        "a,8b,2,launched,1,completed,\n"
+        "e,8b,2,skipped,,,shortlist: 8 runs predicted faster completed in its cell\n")
+    skipped = skipped_by_search(tmp_path)
+    assert skipped == {"e"} and skipped_by_search(tmp_path / "elsewhere") == frozenset()
+    _, remaining = gpu_hours(observation(), skipped)
+    assert remaining == 2 * 1350 * 16 / 3600  # c and d; not e
+    console = Console(file=io.StringIO(), width=140)
+    for item in render(observation(), tmp_path, 0.1, skipped):
+        console.print(item)
+    text = console.file.getvalue()
+    assert "skipped by the search │    1" in text and "unsubmitted" in text
