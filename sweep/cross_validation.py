@@ -37,8 +37,9 @@ from sweep.calibrate import (
     without_fit_exclusions,
     workloads_for,
 )
-from sweep.economy import Params, score, search
+from sweep.economy import Params, search
 from sweep.replay_tables import Replay, normalise_runs
+from sweep.search_report import score
 from sweep.spec import Spec
 from sweep.throughput import Coefficients, Workload
 
@@ -163,7 +164,7 @@ class Fold:
     model: str
     mode: str  # "in-sample" or "held-out"
     throughput: dict[str, float]  # runs, median_abs_error, p90_abs_error
-    economy: dict[str, float]  # sweep.economy.score's headline, against this model's runs
+    economy: dict[str, float]  # sweep.search_report.score's headline, against this model's runs
     params: Params
     cells: pd.DataFrame
     errors: np.ndarray  # |predicted / measured − 1| per completed run

@@ -8,10 +8,9 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   *proof* (``pruned:``) or a *heuristic* (``heuristic:``), and says which. The proof: a candidate
   that differs from an OOMed one only in settings that can only add memory (a larger micro-batch,
   a lower ZeRO stage, less recomputation, no sequence parallelism; same dp, tp, pp, cp, ep and
-  schedule) cannot fit either. Comparing *different* layouts needs a memory model, and the proxy
-  below is not exact (replaying nanotron's results table it skipped 22 runs that completed: high
-  TP shards less of the activations than it assumes), so that rule is a heuristic, off unless
-  asked for (`Params.heuristic_skips`), as is treating an unclassified failure as an OOM.
+  schedule) cannot fit either. Comparing *different* layouts through a memory proxy is a
+  heuristic, off unless asked for (`Params.heuristic_skips`), as is treating an unclassified
+  failure as an OOM. The rules are `sweep.oom_rules`.
 - ``adaptive``: rounds per open cell of the k − 1 best predicted candidates plus the best of a
   (tp, pp, ZeRO) family not yet run. After each round the throughput model is refitted on every
   completed run, and predictions are rescaled by the median measured/predicted ratio of the
@@ -33,8 +32,8 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   by `sweep replay --cv model --strategy shortlist`; `top` is chosen the same way.
 
 The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
-batch and returns its outcomes (a live sweep), so the same code does both. Pure: no I/O of its
-own.
+batch and returns its outcomes (a live sweep), so the same code does both. What a search did, per
+cell, and how a replay scores: `sweep.search_report`. Pure: no I/O of its own.
 """
 
 from __future__ import annotations
@@ -47,23 +46,13 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibrate import fit_matrix
-from sweep.throughput import Coefficients, Workload, features, tokens_per_step
+from sweep.oom_rules import CELL, OomRules, cell_keys, layout_keys, memory_components
+from sweep.throughput import Coefficients, Workload, features, predict, tokens_per_step
 
 STRATEGIES: Final = ("exhaustive", "pruned", "adaptive", "shortlist")
-CELL: Final = ("model", "nodes")
-# Columns that define a layout apart from the micro-batch split of the global batch.
-LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
-# What the OOM proof holds fixed: the parallel layout and the schedule. Everything else a
-# candidate may differ in has a memory order (`memory_order`).
-PROOF_BASE: Final = ("dp", "tp", "pp", "cp", "ep", "pp_schedule", "vpp")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
-PROOF: Final = "pruned:"  # a skip that an OOM proves
-HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The plan's predicted throughput of a candidate (`sweep.calibrate.with_predictions`).
 PLAN_PREDICTION: Final = "pred_tokens_per_s_per_gpu"
-# The planner's per-component estimate (`sweep.memory`), when the candidates carry it.
-PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients", "optimizer",
-                                                         "activations", "logits"))
 
 
 @dataclass(frozen=True)
@@ -127,107 +116,6 @@ class Replanned:
 Replan = Callable[[pd.DataFrame, int, Coefficients | None], Replanned]
 
 
-# Memory dominance -------------------------------------------------------------------------------
-
-def memory_components(frame: pd.DataFrame, work: Workload) -> pd.DataFrame:
-    """Per-GPU memory by component, in relative units, for the dominance rule.
-
-    Uses the planner's `mem_<component>_bytes` columns when present; otherwise monotone proxies:
-    model states (weights + fp32 gradients + Adam, ZeRO-sharded), activations in flight on the
-    first stage, and logits on the last. Only their ordering matters: "needs more on every
-    component".
-    """
-    if all(c in frame for c in PLANNER_MEMORY):
-        return frame[list(PLANNER_MEMORY)].astype(float)
-    shape, s = work.shape, work.seq_len
-    dp, tp, pp, mbs, m = (frame[c].to_numpy(float) for c in ("dp", "tp", "pp", "mbs", "grad_acc"))
-    cp = frame["cp"].to_numpy(float) if "cp" in frame else np.ones(len(frame))
-    zero = frame["zero_stage"].to_numpy(int)
-    layers = np.ceil(shape.num_layers / pp)
-    per_layer = 12 * shape.hidden_size**2 + 3 * shape.hidden_size * shape.ffn_hidden_size
-    params = (layers * per_layer + shape.vocab_size * shape.hidden_size) / tp
-    states = params * (2 + np.where(zero >= 2, 4 / dp, 4) + np.where(zero >= 1, 12 / dp, 12))
-    in_flight = np.minimum(pp, m)
-    activations = mbs * s / cp * shape.hidden_size * layers * in_flight / tp
-    logits = mbs * s / cp * shape.vocab_size / tp
-    return pd.DataFrame({"mem_states": states, "mem_activations": activations,
-                         "mem_logits": logits}, index=frame.index)
-
-
-def _layout_keys(frame: pd.DataFrame) -> pd.Series:
-    cols = [c for c in LAYOUT_KEY if c in frame]
-    return frame[list(CELL) + cols].astype(str).agg("|".join, axis=1)
-
-
-# Least memory first: recomputing more keeps fewer activations; sequence parallelism shards what
-# TP alone replicates (norms, dropout); a higher ZeRO stage shards more states.
-RECOMPUTE_MEMORY: Final = {"full": 0, "selective": 1, "none": 2}
-
-
-def memory_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per candidate, the settings that can only add memory when they grow, all other things
-    equal: micro-batch size, sequences in flight on the first pipeline stage (min(pp, m)·mbs
-    under 1F1B; a table may hold runs of another global batch), −ZeRO stage, less
-    recomputation, sequence parallelism off."""
-    n = len(frame)
-    recompute = frame["recompute"].astype(str) if "recompute" in frame else pd.Series(
-        "none", index=frame.index)
-    sp = frame["sp"].astype(bool) if "sp" in frame else pd.Series(True, index=frame.index)
-    return pd.DataFrame({
-        "mbs": frame["mbs"].to_numpy(float),
-        "in_flight": (np.minimum(frame["pp"].to_numpy(float), frame["grad_acc"].to_numpy(float))
-                      * frame["mbs"].to_numpy(float)),
-        "zero": -frame["zero_stage"].to_numpy(float),
-        "recompute": recompute.map(RECOMPUTE_MEMORY).fillna(2).to_numpy(float),
-        "no_sp": (~sp).to_numpy(float) if n else np.zeros(0),
-    }, index=frame.index)
-
-
-class OomRules:
-    """Skip what an observed OOM rules out.
-
-    The proof (``pruned:oom_monotonic``): same cell, same dp, tp, pp, cp, ep and schedule, and at
-    least as much of every setting in `memory_order`. Per GPU, weights, gradients and optimizer
-    states then stay or grow (ZeRO shards less), and so do activations: a micro-batch holds more
-    sequences and the first stage at least as many in flight (min(pp, m)·mbs, also compared, as
-    a table may mix global batches). Tested against every shared table's real outcomes, not
-    against a model of them. The heuristic (``heuristic:oom_dominated``, only with `dominance`):
-    another layout of the cell that the memory proxy says needs more on every component.
-    """
-
-    def __init__(self, candidates: pd.DataFrame, memory: pd.DataFrame,
-                 dominance: bool = False) -> None:
-        base = [c for c in PROOF_BASE if c in candidates]
-        self.base = candidates[list(CELL) + base].astype(str).agg("|".join, axis=1)
-        self.order = memory_order(candidates)
-        self.mbs = candidates["mbs"]
-        self.cells = candidates[list(CELL)].astype(str).agg("|".join, axis=1)
-        self.memory = memory
-        self.dominance = dominance
-
-    def skipped_by(self, oom: int, untried: pd.Index, proof: bool = True) -> dict[int, str]:
-        """Untried candidates that candidate `oom` (an OOM, or with `proof` false a failure
-        treated as one) rules out, with the reason."""
-        out: dict[int, str] = {}
-        prefix = PROOF if proof else HEURISTIC
-        what = "OOMed" if proof else "failed (taken for an OOM)"
-        same = untried[(self.base[untried] == self.base[oom]).to_numpy()]
-        if len(same):
-            more = (self.order.loc[same] >= self.order.loc[oom].to_numpy()).all(axis=1)
-            for c in same[more.to_numpy()]:
-                out[int(c)] = (f"{prefix}oom_monotonic (run {oom} {what} at mbs "
-                               f"{self.mbs[oom]}; same layout, no less memory)")
-        if not self.dominance:
-            return out
-        cell = untried[(self.cells[untried] == self.cells[oom]).to_numpy()]
-        if len(cell):
-            dominated = (self.memory.loc[cell] >= self.memory.loc[oom].to_numpy()).all(axis=1)
-            for c in cell[dominated.to_numpy()]:
-                out.setdefault(int(c), f"{HEURISTIC}oom_dominated (the memory proxy says it "
-                                       f"needs more than run {oom} on every component)")
-        return out
-
-
 # Predictions ------------------------------------------------------------------------------------
 
 class Predictor:
@@ -271,17 +159,6 @@ class Predictor:
 
 
 # The search -------------------------------------------------------------------------------------
-
-def _cell_keys(frame: pd.DataFrame) -> pd.Series:
-    return frame[list(CELL)].astype(str).agg("|".join, axis=1)
-
-
-def _cell_order(frame: pd.DataFrame) -> list[str]:
-    """Cell keys by model, then nodes as numbers (not as text: 2 before 16)."""
-    cells = frame[list(CELL)].drop_duplicates()
-    cells = cells.assign(_m=cells.model.astype(str)).sort_values(["_m", "nodes"])
-    return list(_cell_keys(cells))
-
 
 Oracle = Callable[[pd.Index], pd.DataFrame]
 OUTCOME_COLUMNS: Final = ("status", "tokens_per_s_per_gpu", "gpu_hours")
@@ -333,7 +210,7 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
     if strategy == "shortlist":
         if params.top < 1:
             raise ValueError(f"shortlist: top must be at least 1, got {params.top}")
-        return _shortlist(state, Predictor(candidates, workloads, prior, params.fit_iterations))
+        return _shortlist(state, _ranking(candidates, workloads, prior), prior)
     return _adaptive(state, Predictor(candidates, workloads, prior, params.fit_iterations))
 
 
@@ -342,7 +219,7 @@ class _State:
                  params: Params, held: pd.Index | None = None,
                  replan: Replan | None = None) -> None:
         self.candidates, self.oracle, self.rules, self.params = candidates, oracle, rules, params
-        self.cells = _cell_keys(candidates)
+        self.cells = cell_keys(candidates)
         self.held: dict[int, str] = {int(c): "held back by the plan" for c in
                                      (held if held is not None else [])}
         self.untried = pd.Index(candidates.index).difference(pd.Index(list(self.held)))
@@ -412,7 +289,7 @@ class _State:
 
 def _pruned(state: _State) -> Search:
     """Each round, the smallest untried micro-batch of every layout."""
-    layouts = _layout_keys(state.candidates)
+    layouts = layout_keys(state.candidates)
     round_no = 0
     while len(state.untried) and round_no < state.params.max_rounds:
         round_no += 1
@@ -422,19 +299,27 @@ def _pruned(state: _State) -> Search:
     return state.result("pruned", round_no)
 
 
-def _shortlist(state: _State, model: Predictor) -> Search:
-    """Each round, per cell, the `top` best predicted candidates that may still complete (the
+def _ranking(candidates: pd.DataFrame, workloads: Mapping[str, Workload],
+             prior: Coefficients) -> pd.Series:
+    """Predicted tokens/s/GPU per candidate: the plan's own prediction (`PLAN_PREDICTION`) where
+    the candidate carries one, else the prior's, computed only for those."""
+    planned = (pd.to_numeric(candidates[PLAN_PREDICTION], errors="coerce").astype(float)
+               if PLAN_PREDICTION in candidates
+               else pd.Series(np.nan, index=candidates.index, dtype=float))
+    missing = candidates[planned.isna()]
+    for model, group in missing.groupby("model", sort=False):
+        planned[group.index] = predict(group, workloads[str(model)],
+                                       prior)["pred_tokens_per_s_per_gpu"]
+    return planned
+
+
+def _shortlist(state: _State, predicted: pd.Series, prior: Coefficients) -> Search:
+    """Each round, per cell, the `top` best `predicted` candidates that may still complete (the
     untried ones the plan keeps, and the completed runs), and launch the untried among them; a
     run that ran out of memory or failed so drops out and gives its place to the next (an OOM
     also skips what it proves cannot fit), and a candidate a re-plan releases takes its place in
-    the ranking. The ranking is fixed before the first round: the plan's prediction where a
-    candidate has one, else the prior's."""
+    the ranking. The ranking is fixed before the first round (`_ranking`)."""
     top = state.params.top
-    predicted = pd.Series(model.tokens_per_s_per_gpu(state.candidates.index),
-                          index=state.candidates.index)
-    if PLAN_PREDICTION in state.candidates:
-        planned = pd.to_numeric(state.candidates[PLAN_PREDICTION], errors="coerce")
-        predicted = planned.where(planned.notna(), predicted)
     round_no = 0
     while len(state.untried) and round_no < state.params.max_rounds:
         completed = state.known.index[state.known.status == "completed"]
@@ -446,7 +331,7 @@ def _shortlist(state: _State, model: Predictor) -> Search:
             break
         round_no += 1
         state.launch(pd.Index(batch), round_no)
-    return state.result("shortlist", round_no, model.coefficients,
+    return state.result("shortlist", round_no, prior,
                         f"shortlist: {top} runs predicted faster completed in its cell")
 
 
@@ -538,88 +423,5 @@ def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
     return estimate, optimistic
 
 
-def progress(result: Search, candidates: pd.DataFrame) -> pd.DataFrame:
-    """Per-cell progress of a search, without knowing the answer (what a live report shows):
-    candidates, runs launched / completed / failed, skipped by rule, best tokens/s/GPU so far,
-    rounds, and (adaptive) the round the cell closed, its regret bound then (1 − best / the
-    highest optimistic throughput left untried; 0 once nothing is left) and the launches the
-    floor forced."""
-    cells = _cell_keys(candidates)
-    launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
-    skipped = result.skipped.assign(cell=cells[result.skipped.candidate].to_numpy(),
-                                    rule=result.skipped.reason.str.replace(r" \(.*", "",
-                                                                           regex=True))
-    table = pd.DataFrame({"candidates": cells.groupby(cells).size()}).reindex(
-        _cell_order(candidates))
-    by = launched.groupby("cell")
-    table["launched"] = by.size()
-    table["completed"] = by.status.apply(lambda s: int((s == "completed").sum()))
-    table["failed"] = table.launched - table.completed
-    table["best_tokens_per_s_per_gpu"] = launched[launched.status == "completed"].groupby(
-        "cell").tokens_per_s_per_gpu.max()
-    table["rounds"] = by["round"].max()
-    table["closed_at_round"] = pd.Series(result.closed_at, dtype="float64")
-    table["regret_bound_at_close"] = pd.Series(result.regret_bound, dtype="float64")
-    table["forced_by_floor"] = pd.Series(result.forced, dtype="float64")
-    if len(skipped):
-        table = table.join(skipped.groupby(["cell", "rule"]).size().unstack(fill_value=0)
-                           .add_prefix("skipped:"))
-    counts = [c for c in table if c in ("launched", "completed", "failed", "forced_by_floor")
-              or c.startswith("skipped:")]
-    table[counts] = table[counts].fillna(0).astype(int)
-    return table
-
-
-# Scoring ----------------------------------------------------------------------------------------
-
-def score(result: Search, outcomes: pd.DataFrame, candidates: pd.DataFrame,
-          published_runs: int, published_gpu_hours: float, tolerance: float = 0.02
-          ) -> tuple[dict[str, float], pd.DataFrame]:
-    """Headline figures against the whole published sweep, and the per-cell progress table."""
-    cells = _cell_keys(candidates)
-    ok = outcomes[outcomes.status == "completed"]
-    truth = ok.tokens_per_s_per_gpu.groupby(cells[ok.index]).max()
-    launched = result.launched.assign(cell=cells[result.launched.candidate].to_numpy())
-    found = launched[launched.status == "completed"].groupby("cell").tokens_per_s_per_gpu.max()
-    truth = truth.reindex([c for c in _cell_order(candidates) if c in truth.index])
-    table = pd.DataFrame({"best": truth, "found": found.reindex(truth.index)})
-    table["regret"] = 1 - table.found.fillna(0) / table.best
-    table["within"] = table.regret <= tolerance
-    table["launched"] = launched.groupby("cell").size().reindex(truth.index).fillna(0).astype(int)
-    table["candidates"] = cells.groupby(cells).size().reindex(truth.index)
-    table["rounds"] = launched.groupby("cell")["round"].max().reindex(truth.index)
-    table["gpu_hours"] = launched.groupby("cell").gpu_hours.sum().reindex(truth.index)
-    table["forced_by_floor"] = pd.Series(result.forced, dtype="float64").reindex(
-        truth.index).fillna(0).astype(int)
-    table["regret_bound_at_close"] = pd.Series(result.regret_bound, dtype="float64").reindex(
-        truth.index)
-    reasons = result.skipped.reason
-    completed = outcomes.status.reindex(result.skipped.candidate).to_numpy() == "completed"
-    proofs, guesses = reasons.str.startswith(PROOF), reasons.str.startswith(HEURISTIC)
-    forced = float(sum(result.forced.values()))
-    headline = {
-        "runs_launched": float(len(launched)),
-        "runs_launched_frac": len(launched) / published_runs,
-        "gpu_hours": float(launched.gpu_hours.sum()),
-        "gpu_hours_frac": float(launched.gpu_hours.sum() / published_gpu_hours),
-        "cells_within_2pct": float(table.within.sum()),
-        "cells_total": float(len(table)),
-        "max_regret": float(table.regret.max()),
-        "mean_regret": float(table.regret.mean()),
-        "rounds": float(result.rounds),
-        # Proofs: an OOM rules them out. A proof that skipped a run that completed is a bug.
-        "pruned_skipped": float(proofs.sum()),
-        "pruned_but_completed": float((proofs & completed).sum()),
-        # Heuristics: named as such, and what they cost counted.
-        "heuristic_skipped": float(guesses.sum()),
-        "heuristic_but_completed": float((guesses & completed).sum()),
-        "launches_forced_by_floor": forced,
-        "launches_chosen_by_model": (float(len(launched)) - forced
-                                     if result.strategy in ("adaptive", "shortlist") else 0.0),
-    }
-    return headline, table
-
-
-__all__ = ["HEURISTIC", "PLANNER_MEMORY", "PROOF", "STRATEGIES", "OomRules", "Oracle", "Params",
-           "Predictor", "Replan", "Replanned", "Search", "memory_components", "memory_order",
-           "progress", "score", "search", "table_oracle"]
+__all__ = ["FAMILY", "OUTCOME_COLUMNS", "PLAN_PREDICTION", "STRATEGIES", "Oracle", "Params",
+           "Predictor", "Replan", "Replanned", "Search", "search", "table_oracle"]

@@ -19,7 +19,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep import economy
+from sweep import economy, search_report
 from sweep.backends import Rounds
 from sweep.collect import update_runs
 from sweep.round_calibration import RoundCalibration
@@ -38,7 +38,7 @@ class LiveSearch:
 
     result: economy.Search
     candidates: pd.DataFrame  # kept plan rows, indexed 0..n-1, with run_id
-    progress: pd.DataFrame  # economy.progress: per cell
+    progress: pd.DataFrame  # search_report.progress: per cell
 
     @property
     def launched(self) -> int:
@@ -110,7 +110,7 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
                             held=None if calibration is None else calibration.held,
                             replan=calibration)
     considered = candidates.loc[result.considered]  # without what the plan never kept
-    search = LiveSearch(result, considered, economy.progress(result, considered))
+    search = LiveSearch(result, considered, search_report.progress(result, considered))
     write_search(sweep_dir, search)
     return search
 

@@ -7,8 +7,10 @@ import pandas as pd
 import pytest
 
 from sweep.catalog import get_gpu, get_model
-from sweep.economy import OomRules, Params, Replanned, memory_components, score, search
+from sweep.economy import Params, Replanned, search
+from sweep.oom_rules import OomRules, memory_components
 from sweep.replay_tables import replay_table
+from sweep.search_report import score
 from sweep.throughput import Coefficients, Workload, predict
 
 H100 = get_gpu("h100-sxm")
@@ -246,7 +248,7 @@ def test_an_oracle_that_answers_for_other_candidates_is_refused() -> None:
 
 
 def test_progress_accounts_for_every_candidate_of_every_cell() -> None:
-    from sweep.economy import progress
+    from sweep.search_report import progress
 
     candidates = grid(nodes=(1, 2))
     outcomes = oracle(candidates, capacity_for(candidates, 0.3), noise=0.03)
@@ -288,7 +290,7 @@ def test_planner_rows_go_straight_into_a_search() -> None:
 
 def test_dominance_uses_the_planners_memory_estimate_when_the_rows_carry_it() -> None:
     from sweep.calibrate import workloads_for
-    from sweep.economy import PLANNER_MEMORY
+    from sweep.oom_rules import PLANNER_MEMORY
     from sweep.space import plan
     from sweep.spec import parse_spec
 
@@ -402,7 +404,7 @@ def test_the_proof_compares_only_settings_that_add_memory() -> None:
 
 
 def test_adaptive_counts_floor_launches_and_reports_a_regret_bound_per_cell() -> None:
-    from sweep.economy import progress
+    from sweep.search_report import progress
 
     candidates = grid(nodes=(1, 2, 4))
     outcomes = oracle(candidates, capacity_for(candidates, 0.3), noise=0.03)
