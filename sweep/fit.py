@@ -16,8 +16,11 @@ the grid points that meet them, the fit takes the smallest *mean* absolute relat
 reserved peak predicted for rank 0 (the first pipeline stage, the rank that was measured) over the
 successful runs: an L1 loss, in which each run weighs in proportion to its error, so the tail
 counts (a median objective ignores the worst half of the runs, and traded p90 for median).
-Ties go to the earlier grid point. The issue's stricter gates (99.5 % / 95 %) admit no grid point
-even in-sample on the playbook table, so they are reported, not imposed.
+Ties go to the earlier grid point. Where no grid point meets the gates (a table unlike the
+playbook's), the fit takes the points that fall least short of them and reports `gates_met`
+false instead of failing: a fold of leave-one-model-out or a user's table still gets figures.
+The issue's stricter gates (99.5 % / 95 %) admit no grid point even in-sample on the playbook
+table, so they are reported, not imposed.
 
 Each run is judged exactly as `sweep.memcheck.score` judges it; the fit only makes that cheap: the
 fragmentation is linear in the four constants, so the memory model is evaluated once per basis
@@ -61,7 +64,8 @@ OBJECTIVE: Final = (
     "pipeline stage) over the successful runs, subject to success_kept_frac >= "
     f"{MIN_SUCCESS_KEPT}, oom_pruned_frac >= {MIN_OOM_PRUNED} where the table tells OOMs apart, "
     "and every published llm-foundry H100/A100-80GB configuration predicted to fit; ties: the "
-    "earlier grid point")
+    "earlier grid point; where no grid point meets these gates, the points that fall least short "
+    "of them (summed shortfall) instead")
 
 
 def meets(value: float | None, op: str, bound: float) -> bool | None:
@@ -148,10 +152,12 @@ class AllocatorFit:
     rows: int  # successful runs with a measured reserved peak
     points: int  # grid points evaluated
     feasible_points: int  # of them, how many meet the constraints
+    gates_met: bool = True  # False: no point met them; the closest was taken (`fit_basis`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"allocator": asdict(self.allocator), "figures": asdict(self.figures),
-                "rows": self.rows, "points": self.points, "feasible_points": self.feasible_points}
+                "rows": self.rows, "points": self.points, "feasible_points": self.feasible_points,
+                "gates_met": self.gates_met}
 
 
 # The linear basis ---------------------------------------------------------------------------------
@@ -273,10 +279,28 @@ def _mean_error(b: Basis, points: np.ndarray) -> np.ndarray:
     return (np.abs(_rank0_reserved(b, points, scored) - measured) / measured).mean(axis=1)
 
 
+def _gate_shortfall(b: Basis, points: np.ndarray, must_fit: Basis | None) -> np.ndarray:
+    """Per grid point, how far it falls short of the gates, summed over them: MIN_SUCCESS_KEPT
+    − kept, MIN_OOM_PRUNED − pruned (each floored at 0) and the share of `must_fit` predicted
+    not to fit. 0: every gate is met."""
+    kept, oom, *_ = _evaluate(b, points, errors=False)
+    short = np.maximum(MIN_SUCCESS_KEPT - kept, 0.0)
+    if oom is not None:
+        short += np.maximum(MIN_OOM_PRUNED - oom, 0.0)
+    if must_fit is not None:
+        short += 1.0 - kept_mask(must_fit, points).mean(axis=1)
+    return short
+
+
 def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
               chunk: int = 2048) -> AllocatorFit:
     """The grid point `OBJECTIVE` picks, on the runs of a basis; every configuration of
-    `must_fit` (published runs that ran) must be predicted to fit."""
+    `must_fit` (published runs that ran) must be predicted to fit.
+
+    When no grid point meets the gates (a table unlike the playbook's: another allocator, a
+    framework that reserves differently), the fit does not fail: it takes the points closest to
+    the gates (`_gate_shortfall`), the smallest error among them, and says so (`gates_met`). A
+    user's own table, or a fold of leave-one-model-out, still gets constants and figures."""
     points = grid.points()
     feasible = np.ones(len(points), bool)
     if must_fit is not None:  # cheap (one row per published configuration): it goes first
@@ -290,10 +314,11 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
         if oom is not None:
             ok &= oom >= MIN_OOM_PRUNED
         feasible[part] = ok
-    if not feasible.any():
-        raise ValueError(f"no grid point keeps {MIN_SUCCESS_KEPT:.0%} of the successful runs, "
-                         f"prunes {MIN_OOM_PRUNED:.0%} of the OOM runs and fits every published "
-                         "configuration; widen the grid")
+    gates_met = bool(feasible.any())
+    if not gates_met:
+        shortfall = np.concatenate([_gate_shortfall(b, points[i:i + chunk], must_fit)
+                                    for i in range(0, len(points), chunk)])
+        feasible = shortfall <= shortfall.min() + 1e-12
     index = np.flatnonzero(feasible)
     mean = np.empty(len(index))
     for i in range(0, len(index), chunk):
@@ -304,7 +329,8 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
     figures = Figures(float(kept_frac[0]), None if oom_frac is None else float(oom_frac[0]),
                       float(err_mean[0]), float(err_median[0]), float(err_p90[0]))
     return AllocatorFit(Allocator(float(s), float(p), float(lg), int(round(floor))), figures,
-                        int(_scored(b).sum()), len(points), len(index))
+                        int(_scored(b).sum()), len(points), len(index) if gates_met else 0,
+                        gates_met)
 
 
 def fit_allocator(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
@@ -325,10 +351,11 @@ class HeldOut:
     allocator: Allocator  # fitted on the other models' runs
     cross_validated: memcheck.MemoryCheck  # the held-out model's runs, scored with that allocator
     in_sample: memcheck.MemoryCheck  # the same runs, scored with the in-sample constants
+    gates_met: bool = True  # whether the fold's fit met the gates (`fit_basis`)
 
     def to_dict(self) -> dict[str, Any]:
         return {"held_out": self.held_out, "trained_on": list(self.trained_on),
-                "allocator": asdict(self.allocator),
+                "allocator": asdict(self.allocator), "gates_met": self.gates_met,
                 "cross_validated": self.cross_validated.to_dict(),
                 "in_sample": self.in_sample.to_dict()}
 
@@ -375,7 +402,8 @@ def cross_validate(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
     reference = in_sample if in_sample is not None else Allocator.of(spec.framework)
     folds, cv_judged, in_judged = [], [], []
     for held in models:
-        fitted = fit_basis(whole.subset(whole.model != held), grid, must_fit).allocator
+        fold_fit = fit_basis(whole.subset(whole.model != held), grid, must_fit)
+        fitted = fold_fit.allocator
         held_runs = subset(runs, [held])
         cv = memcheck.judge(held_runs, spec, fitted.apply(spec.framework))
         ins = memcheck.judge(held_runs, spec, reference.apply(spec.framework))
@@ -383,7 +411,7 @@ def cross_validate(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
         in_judged.append(ins)
         folds.append(HeldOut(held, tuple(m for m in models if m != held), fitted,
                              memcheck.score_judged(cv, runs.format),
-                             memcheck.score_judged(ins, runs.format)))
+                             memcheck.score_judged(ins, runs.format), fold_fit.gates_met))
     pooled_cv = pd.concat(cv_judged, ignore_index=True)
     pooled_in = pd.concat(in_judged, ignore_index=True)
     ok = ((pooled_cv["outcome"] == "success") & pooled_cv["pred_reserved_bytes"].notna()

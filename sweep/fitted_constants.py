@@ -18,7 +18,8 @@ PROVENANCE: Final[dict[str, Any]] = {'script': 'scripts/fit_memory.py',
               'rank 0 (first pipeline stage) over the successful runs, subject to '
               'success_kept_frac >= 0.99, oom_pruned_frac >= 0.9 where the table tells OOMs '
               'apart, and every published llm-foundry H100/A100-80GB configuration predicted '
-              'to fit; ties: the earlier grid point',
+              'to fit; ties: the earlier grid point; where no grid point meets these gates, '
+              'the points that fall least short of them (summed shortfall) instead',
  'data': {'playbook_bench_full_1B_8B.csv': '434afe3e99ea2643fd25577c0cf9315be43730b0126fd671b3b68c31f35f5102',
           'llmfoundry_mpt_benchmarks.csv': '3d7b67381260f442dc112ead3d343f73a9292507a1e19a11900ab1a1dd8b8509'},
  'spec': 'examples/playbook.yaml',
@@ -35,6 +36,7 @@ PROVENANCE: Final[dict[str, Any]] = {'script': 'scripts/fit_memory.py',
  'rows': 1027,
  'points': 157437,
  'feasible_points': 580,
+ 'gates_met': True,
  'band': {'quantiles': [0.05, 0.95],
           'signed_rel_err': [-0.323409, 0.15501],
           'from': 'leave-one-model-out on playbook_bench_full_1B_8B.csv: held-out predicted / '

@@ -274,3 +274,28 @@ def test_the_committed_band_is_the_one_the_profiles_use() -> None:
     assert RESERVED_BAND == fitted_constants.RESERVED_BAND
     lo, hi = RESERVED_BAND
     assert -1.0 < lo < 0.0 < hi
+
+
+def _two_successes_and_an_oom() -> fit.Basis:
+    """Three runs under an 80-byte budget, by hand: a success too big at every point (90 bytes
+    before any share), a success kept while sequential <= 0.75 (50 + 40 s) and an OOM pruned
+    once sequential > 0.5 (70 + 20 s). No point keeps 99 % of the successes."""
+    n = 3
+    frag = np.zeros((2, 3, n))
+    frag[:, 0] = [0.0, 40.0, 20.0]
+    total0 = np.tile([90.0, 50.0, 70.0], (2, 1))
+    return fit.Basis(np.ones(n, bool), np.ones(n, bool), np.ones(n, bool), total0.copy(), total0,
+                     frag, 80.0, np.array(["success", "success", "oom"]),
+                     np.array([90.0, 80.0, np.nan]), np.array(["m"] * n))
+
+
+def test_a_table_no_grid_point_can_satisfy_gets_the_closest_point_not_an_error() -> None:
+    grid = fit.Grid(sequential=(0.0, 0.25, 0.5, 0.75, 1.0), pipelined=(0.0,), logits=(0.0,),
+                    floor_mib=(0,))
+    result = fit.fit_basis(_two_successes_and_an_oom(), grid)
+    # shortfall: s <= 0.5 misses both gates (0.49 + 0.9), s = 1 keeps no success (0.99);
+    # s = 0.75 keeps one success of two and prunes the OOM (0.49)
+    assert not result.gates_met and result.feasible_points == 0
+    assert result.allocator.sequential == 0.75
+    assert result.figures.success_kept_frac == 0.5 and result.figures.oom_pruned_frac == 1.0
+    assert result.to_dict()["gates_met"] is False

@@ -92,6 +92,11 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     for fold in cv.folds:
         _table(f"{fold.held_out} left out (fitted on {', '.join(fold.trained_on)}: "
                f"{_allocator(fold.allocator)})", fold.in_sample, fold.cross_validated, None)
+        if not fold.gates_met:
+            print(f"  note: no grid point met the fit's gates on {', '.join(fold.trained_on)} "
+                  f"(keep {fit.MIN_SUCCESS_KEPT:.0%} of successes, prune "
+                  f"{fit.MIN_OOM_PRUNED:.0%} of OOMs, fit every published configuration); "
+                  "the closest point was taken")
     lo, hi = cv.band()
     print(f"held-out predicted / measured - 1 of the reserved peak, 5th..95th percentile: "
           f"{lo:+.3f} .. {hi:+.3f}")
