@@ -13,6 +13,11 @@ runs are ranked: this scores how well each prior orders what ran. What a search 
 the ranking costs and finds, failures included, is `sweep replay --strategy shortlist`
 (benchmarks/sweep_economy.py).
 
+Then the model sizes no fit saw: the playbook heatmap's 3B and 80B winners (`sweep.unseen_models`),
+predicted by the shipped prior (fitted on 1B and 8B) and by the physical prior: the median and
+largest |error| below 64 nodes (the 64-node cells ran on a degraded fabric), and the worst
+predicted rank of a winner in its cell (the shortlist runs the eight best).
+
     SWEEP_REFDATA=DIR .venv/bin/python benchmarks/throughput_prior.py
 """
 
@@ -24,10 +29,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sweep.calibrate import default_prior
 from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.refdata import refdata_dir
 from sweep.spec import load_spec
 from sweep.throughput import Coefficients, Workload, predict, world_size
+from sweep.unseen_models import HEATMAP_FILE, score, summary
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = "playbook_bench_full_1B_8B.csv"
@@ -72,6 +79,23 @@ def main() -> None:
             key = f"{model.removeprefix('playbook-')}_{'physical' if name == 'physical' else 'fitted'}"
             headline[f"{key}_median"] = s["median"]
             headline[f"{key}_top5_missed"] = s["top5_cells_missed"]
+    heatmap = pd.read_csv(refdata_dir() / HEATMAP_FILE)
+    print(f"\n{'never fitted':<13}{'prior':<26}{'cells':>6}{'median':>8}{'max':>8}"
+          f"{'median signed':>15}{'worst rank':>12}")
+    for name, prior in {"physical": Coefficients(), "shipped (1B + 8B)": default_prior(spec)}.items():
+        winners = score(heatmap, HEATMAP_FILE, spec, prior)
+        figures = summary(winners)
+        for model in ("playbook-3b", "playbook-80b"):
+            f = figures.loc[model]
+            cells = winners[(winners.model == model) & ~winners.inflated_mfu]
+            print(f"{model:<13}{name:<26}{int(f.cells):>6}{f.median_abs_error:>8.1%}"
+                  f"{f.max_abs_error:>8.1%}{f.median_signed_error:>+15.1%}"
+                  f"{int(cells.pred_rank.max()):>12}")
+            if name != "physical":
+                key = model.removeprefix("playbook-")
+                headline[f"heatmap_{key}_median"] = f.median_abs_error
+                headline[f"heatmap_{key}_max"] = f.max_abs_error
+                headline[f"heatmap_{key}_worst_rank"] = float(cells.pred_rank.max())
     headline["seconds"] = time.perf_counter() - started
     print(" ".join(f"{k}={v:.4f}" for k, v in headline.items()))
 
