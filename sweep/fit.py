@@ -183,12 +183,16 @@ class Basis:
     outcome: np.ndarray
     measured_reserved: np.ndarray  # bytes, NaN where unknown
     model: np.ndarray
+    # Per run, the stage whose reserved peak was measured (0 first, 1 last); None: rank 0, the
+    # first stage, for every run (the playbook's tables)
+    measured_stage: np.ndarray | None = None
 
     def subset(self, mask: np.ndarray) -> Basis:
         budget = self.budget[mask] if isinstance(self.budget, np.ndarray) else self.budget
+        stage = None if self.measured_stage is None else self.measured_stage[mask]
         return Basis(self.rules_ok[mask], self.estimated[mask], self.single[mask],
                      self.alloc[:, mask], self.total0[:, mask], self.frag[:, :, mask], budget,
-                     self.outcome[mask], self.measured_reserved[mask], self.model[mask])
+                     self.outcome[mask], self.measured_reserved[mask], self.model[mask], stage)
 
 
 def stage_terms(model: ModelShape, columns: dict[str, np.ndarray], profile: MemoryProfile,
@@ -228,9 +232,13 @@ def basis(runs: memcheck.Runs, spec: Spec) -> Basis:
         estimated[idx] = columns["grad_acc"] >= 1
         alloc[:, idx], total0[:, idx], frag[:, :, idx] = stage_terms(
             model, columns, get_profile(ctx.framework), ctx.seq_len, ctx.dtype)
+    measured_stage = None
+    if "measured_stage" in frame:  # a sweep's own peaks: the most loaded stage, by its total
+        loaded = frame["measured_stage"].to_numpy() == "most_loaded"
+        measured_stage = (loaded & (total0[1] > total0[0])).astype(np.int64)
     return Basis(rules_ok, estimated, frame["pp"].to_numpy() == 1, alloc, total0, frag, budget,
                  frame["outcome"].to_numpy(), frame["reserved_bytes"].to_numpy(np.float64),
-                 frame["model"].to_numpy())
+                 frame["model"].to_numpy(), measured_stage)
 
 
 def kept_mask(b: Basis, points: np.ndarray) -> np.ndarray:
@@ -249,8 +257,14 @@ def _scored(b: Basis) -> np.ndarray:
 
 
 def _rank0_reserved(b: Basis, points: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(P, m): the reserved peak predicted for rank 0 (first stage) of the masked runs."""
-    return b.alloc[0, mask] + points[:, :3] @ b.frag[0][:, mask] + points[:, 3:4]
+    """(P, m): the reserved peak predicted for the measured rank of the masked runs (rank 0, the
+    first stage, unless `Basis.measured_stage` says otherwise)."""
+    if b.measured_stage is None:
+        return b.alloc[0, mask] + points[:, :3] @ b.frag[0][:, mask] + points[:, 3:4]
+    last = b.measured_stage[mask] == 1
+    alloc = np.where(last, b.alloc[1, mask], b.alloc[0, mask])
+    frag = np.where(last, b.frag[1][:, mask], b.frag[0][:, mask])
+    return alloc + points[:, :3] @ frag + points[:, 3:4]
 
 
 def _evaluate(b: Basis, points: np.ndarray, errors: bool = True

@@ -1,6 +1,12 @@
 """Score the memory model and the prune rules against runs that really happened.
 
-Two CSV formats, told apart by their columns:
+Three formats, told apart by their columns:
+- `sweep`: a sweep's own runs.parquet (`sweep collect`, or `sweep import-playbook`): one row per
+  attempt, outcome completed/oom/…, `mem_reserved_bytes` and `mem_allocated_bytes` as measured.
+  `mem_source` says which rank: `cuda:rank0` (imports) is the first pipeline stage; `cuda` and
+  `log` are the largest over the ranks, so they are compared with the most loaded stage;
+  `cpu-rss-anon` (CPU runs) is not GPU memory and is not scored. Cancelled attempts say nothing
+  about memory and are skipped.
 - `charts`: the Ultra-Scale Playbook charts' table (`playbook_runs_1B_8B.csv`): status
   success/failed, `gpu_memory_GB` = rank 0's max_memory_reserved (GiB); the model by its label.
 - `full`: the sweep's own results table (`playbook_bench_full_1B_8B.csv`): status
@@ -41,6 +47,12 @@ CHARTS_COLUMNS: Final = ("model_label", "nodes", "dp", "tp", "pp", "mbs", "grad_
 FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", "zero_stage",
                        "status", "Mem Alloc (GB)", "Mem Res (GB)", "tok/s/gpu", "num_layers",
                        "hidden_size", "num_heads", "vocab_size")
+SWEEP_COLUMNS: Final = ("model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage",
+                        "outcome", "mem_reserved_bytes", "mem_allocated_bytes")
+# runs.parquet outcomes (sweep.schema.OUTCOMES) as memory evidence; a cancelled attempt is none
+SWEEP_OUTCOMES: Final = {"completed": "success", "oom": "oom", "cancelled": None}
+# Layout columns a sweep's table carries and the playbook's tables leave at the plan's default
+EXTRA_LAYOUT: Final = ("cp", "ep", "recompute", "pp_schedule", "vpp")
 FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
                  "oom_pruned_frac", "failed_pruned_frac", "success_probed_frac",
                  "success_lost_frac", "oom_probed_frac", "alloc_median_abs_rel_err",
@@ -56,8 +68,10 @@ class RunsFileError(ValueError):
 class Runs:
     """Runs in one normalised table: model, nodes, layout columns, outcome, measurements."""
 
-    format: str  # "charts" | "full"
-    frame: pd.DataFrame  # outcome: success | oom | other | failed; *_bytes may be NaN
+    format: str  # "charts" | "full" | "sweep"
+    # outcome: success | oom | other | failed; *_bytes may be NaN; `measured_stage` (sweep
+    # format): "first" or "most_loaded", the pipeline stage whose peak was measured
+    frame: pd.DataFrame
     n_skipped: int
 
 
@@ -89,22 +103,30 @@ class MemoryCheck:
 # Reading ----------------------------------------------------------------------------------------
 
 def read_runs(path: str | Path, spec: Spec) -> Runs:
-    """Read a runs CSV of either format and map its rows to the spec's models."""
+    """Read a runs CSV of the playbook's formats, or a sweep's runs.parquet, and map its rows to
+    the spec's models."""
     path = Path(path)
+    if path.suffix == ".parquet":
+        try:
+            raw = pd.read_parquet(path)
+        except (OSError, ValueError) as error:
+            raise RunsFileError(f"{path}: cannot read it as parquet: {error}") from None
+        return normalise(raw, spec, str(path))
     try:
         raw = pd.read_csv(path)
     except (OSError, pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise RunsFileError(f"{path}: cannot read it as CSV: {error}") from None
+        raise RunsFileError(f"{path}: cannot read it as CSV ({error}); memory-check reads the "
+                            "playbook's CSV tables and a sweep's runs.parquet") from None
     return normalise(raw, spec, str(path))
 
 
 def detect_format(columns: list[str], source: str = "<runs>") -> str:
     present = set(columns)
-    for name, wanted in (("full", FULL_COLUMNS), ("charts", CHARTS_COLUMNS)):
+    formats = (("sweep", SWEEP_COLUMNS), ("full", FULL_COLUMNS), ("charts", CHARTS_COLUMNS))
+    for name, wanted in formats:
         if present >= set(wanted):
             return name
-    missing = {name: sorted(set(wanted) - present)
-               for name, wanted in (("charts", CHARTS_COLUMNS), ("full", FULL_COLUMNS))}
+    missing = {name: sorted(set(wanted) - present) for name, wanted in formats}
     closest = min(missing, key=lambda k: len(missing[k]))
     raise RunsFileError(f"{source}: neither runs format; closest is `{closest}`, which also "
                         f"needs the column(s) {missing[closest]}")
@@ -112,6 +134,8 @@ def detect_format(columns: list[str], source: str = "<runs>") -> str:
 
 def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
     fmt = detect_format(list(raw.columns), source)
+    if fmt == "sweep":
+        return _normalise_sweep(raw, spec, source)
     if fmt == "charts":
         frame = pd.DataFrame({
             "model": raw["model_label"].map(
@@ -133,12 +157,40 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
     if frame["outcome"].isna().any():
         bad = sorted(set(raw.loc[frame["outcome"].isna(), "status"].astype(str)))
         raise RunsFileError(f"{source}: status {bad} is not one this format uses")
-    gpus = spec.gpus_per_node_resolved
+    return _usable(frame, spec, fmt, skipped=pd.Series(False, index=frame.index))
+
+
+def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
+    """A runs.parquet: every attempt but the cancelled, its own layout columns, and the stage
+    its memory source measured."""
+    outcome = raw["outcome"].astype(str).map(lambda o: SWEEP_OUTCOMES.get(o, "other"))
+    source_of = raw["mem_source"].astype("string") if "mem_source" in raw \
+        else pd.Series(pd.NA, index=raw.index, dtype="string")
+    on_gpu = source_of.str.startswith("cuda").fillna(False) | (source_of == "log").fillna(False)
+    frame = pd.DataFrame({
+        "model": raw["model"].map({m: _model_for_label(m, spec) for m in raw["model"].unique()}),
+        "outcome": outcome, "grad_acc": raw["grad_acc"],
+        "sp": raw["sp"].astype(bool) if "sp" in raw else max(spec.axes.sp),
+        "alloc_bytes": raw["mem_allocated_bytes"].astype("float64").where(on_gpu),
+        "reserved_bytes": raw["mem_reserved_bytes"].astype("float64").where(on_gpu),
+        "tokens_per_sec_per_gpu": raw.get("tokens_per_sec_per_gpu", np.nan),
+        "measured_stage": np.where((source_of == "cuda:rank0").fillna(False).to_numpy(bool),
+                                   "first", "most_loaded")})
+    for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage", *EXTRA_LAYOUT):
+        if column in raw:
+            frame[column] = raw[column]
+    return _usable(frame, spec, "sweep", skipped=frame["outcome"].isna())
+
+
+def _usable(frame: pd.DataFrame, spec: Spec, fmt: str, skipped: pd.Series) -> Runs:
+    """The rows with a spec model, every layout value, and a world size of nodes × the spec's
+    GPUs per node; the others (and `skipped`) are counted as skipped."""
     layout = ["nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
-    usable = (frame["model"].notna() & frame[layout].notna().all(axis=1)
-              & (frame.dp * frame.tp * frame.pp == frame.nodes * gpus))
+    world = frame.dp * frame.tp * frame.pp * frame.get("cp", 1) * frame.get("ep", 1)
+    usable = (~skipped & frame["model"].notna() & frame[layout].notna().all(axis=1)
+              & (world == frame.nodes * spec.gpus_per_node_resolved))
     frame = frame[usable].reset_index(drop=True)
-    for column in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
+    for column in layout + [c for c in ("cp", "ep", "vpp") if c in frame]:
         frame[column] = frame[column].astype(np.int64)
     return Runs(format=fmt, frame=frame, n_skipped=int((~usable).sum()))
 
@@ -204,7 +256,9 @@ def _match_shape(row: dict[str, object], spec: Spec) -> str | None:
 # Scoring ----------------------------------------------------------------------------------------
 
 def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
-    """The planner's candidate columns for runs of one model (as `sweep.space` builds them)."""
+    """The planner's candidate columns for runs of one model (as `sweep.space` builds them): a
+    sweep's own table gives cp, ep, recomputation, schedule and vpp; the playbook's tables
+    leave them at the spec's first value (what they ran)."""
     schedule = spec.axes.pp_schedule[0]
     n = len(group)
     columns = {k: group[k].to_numpy(np.int64) for k in
@@ -215,6 +269,10 @@ def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
                    pp_schedule=np.full(n, schedule),
                    vpp=np.where((schedule == "interleaved_1f1b") & (columns["pp"] > 1),
                                 space.INTERLEAVED_VPP, 1))
+    for column in EXTRA_LAYOUT:
+        if column in group:
+            kind = np.int64 if column in ("cp", "ep", "vpp") else str
+            columns[column] = group[column].to_numpy().astype(kind)
     return columns
 
 
@@ -258,7 +316,8 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
     """The runs with the planner's verdict (`kept`, `prune_rule`) and predicted bytes.
 
     The verdict is the planner's (the memory rule on the most loaded stage); the predicted peaks
-    are rank 0's, the first pipeline stage, because rank 0 is the rank both tables measured.
+    are those of the stage that was measured: rank 0's, the first pipeline stage, in the
+    playbook's tables, and the most loaded stage where a sweep measured every rank.
     `allocator`: a memory profile to judge with instead of the spec framework's (what
     `sweep.fit` passes to score allocator constants fitted on other runs)."""
     frame = runs.frame.copy()
@@ -277,14 +336,18 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
         frame.loc[group.index, "probed"] = probed
         frame.loc[group.index, "prune_rule"] = [None if c < 0 else space.RULE_NAMES[c]
                                                 for c in code]
-        rank0 = _estimate(columns, ctx, profile, "first")
-        if not rank0:
+        measured = _estimate(columns, ctx, profile, "first")
+        if not measured:
             continue
-        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in rank0 \
+        if "measured_stage" in group:  # a sweep's own peaks: the largest over the ranks
+            loaded = _estimate(columns, ctx, profile, "most_loaded")
+            on_loaded = group["measured_stage"].to_numpy() == "most_loaded"
+            measured = {k: np.where(on_loaded, loaded[k], v) for k, v in measured.items()}
+        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in measured \
             else "mem_allocated_bytes"
         for target, key in (("pred_alloc_bytes", alloc_key),
                             ("pred_reserved_bytes", "mem_reserved_bytes")):
-            values = rank0[key].astype(np.float64)
+            values = measured[key].astype(np.float64)
             frame.loc[group.index, target] = np.where(values < 0, np.nan, values)
     return frame
 
@@ -296,7 +359,7 @@ def score(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> Mem
 
 def score_judged(judged: pd.DataFrame, fmt: str, n_skipped: int = 0) -> MemoryCheck:
     """The figures of judged runs (`judge`, or several judged frames concatenated)."""
-    full = fmt == "full"
+    full = fmt in ("full", "sweep")  # formats that tell OOMs apart
     outcome = judged["outcome"]
     success = outcome == "success"
     failed = ~success
@@ -347,6 +410,6 @@ def _mean(values: pd.Series) -> float | None:
 
 
 def check(path: str | Path, spec: Spec) -> MemoryCheck:
-    """Read a runs CSV and score the spec's memory model and rules on it."""
+    """Read a runs file and score the spec's memory model and rules on it."""
     return score(read_runs(path, spec), spec)
 

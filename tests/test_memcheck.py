@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sweep import fit, fit_reference, memcheck
+from sweep import fit, fit_reference, memcheck, memory
 from sweep.cli import main
 from sweep.spec import Spec, load_spec
 
@@ -225,3 +225,81 @@ def test_the_missed_ooms_and_the_lost_successes_fall_on_either_side_of_that_vers
     layout = ["model", "dp", "tp", "pp", "mbs", "zero_stage"]
     outcomes = judged[oom | success].groupby(layout).outcome.nunique()
     assert (outcomes > 1).sum() == 1
+
+
+# ------------------------------------------------------------------ a sweep's own runs.parquet
+
+GiB = 2**30
+
+
+def _attempt(**changes: object) -> dict[str, object]:
+    """One runs.parquet attempt of the playbook's 8B on one node (256 sequences a step)."""
+    row: dict[str, object] = {
+        "model": "playbook-8b", "nodes": 1, "dp": 8, "tp": 1, "pp": 1, "cp": 1, "ep": 1,
+        "mbs": 1, "grad_acc": 32, "zero_stage": 1, "recompute": "none", "sp": False,
+        "pp_schedule": "1f1b", "vpp": 1, "outcome": "completed", "mem_source": "cuda",
+        "mem_reserved_bytes": 60.0 * GiB, "mem_allocated_bytes": 50.0 * GiB,
+        "tokens_per_sec_per_gpu": 7000.0}
+    return {**row, **changes}
+
+
+@pytest.fixture
+def sweep_runs(tmp_path: Path, playbook: Spec) -> memcheck.Runs:
+    # one micro-batch a step: the first stage holds one in flight, the last adds the logits
+    piped = {"model": "playbook-1b", "dp": 4, "pp": 2, "mbs": 64, "grad_acc": 1}
+    attempts = [
+        _attempt(),
+        _attempt(**piped),                                # every rank measured: the most loaded
+        _attempt(**piped, mem_source="cuda:rank0"),       # an import: rank 0, the first stage
+        _attempt(mbs=32, grad_acc=1, zero_stage=0, outcome="oom",
+                 mem_reserved_bytes=None, mem_allocated_bytes=None),
+        _attempt(outcome="crashed"),
+        _attempt(outcome="cancelled"),                    # says nothing about memory
+        _attempt(mem_source="cpu-rss-anon"),              # not GPU memory
+        _attempt(model="no-such-model"),
+    ]
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame(attempts).to_parquet(path)
+    return memcheck.read_runs(path, playbook)
+
+
+def test_a_sweeps_runs_parquet_is_read_attempt_by_attempt(sweep_runs: memcheck.Runs) -> None:
+    assert sweep_runs.format == "sweep" and sweep_runs.n_skipped == 2  # cancelled, unknown model
+    frame = sweep_runs.frame
+    assert frame.outcome.tolist() == ["success", "success", "success", "oom", "other", "success"]
+    assert frame.measured_stage.tolist() == ["most_loaded"] * 2 + ["first"] + ["most_loaded"] * 3
+    assert frame.reserved_bytes.isna().tolist() == [False] * 3 + [True, False, True]
+
+
+def test_a_sweeps_peaks_are_predicted_for_the_stage_that_was_measured(
+        sweep_runs: memcheck.Runs, playbook: Spec) -> None:
+    judged = memcheck.judge(sweep_runs, playbook)
+    model = next(m for m in playbook.model_shapes if m.name == "playbook-1b")
+    columns = memcheck.layout_columns(judged.iloc[[1]], playbook)
+    first, loaded = (memory.estimate_columns(model, columns, seq_len=4096, dtype="bf16",
+                                             profile="nanotron", stage=stage)
+                     for stage in ("first", "most_loaded"))
+    assert first["mem_reserved_bytes"][0] < loaded["mem_reserved_bytes"][0]
+    assert judged.pred_reserved_bytes[1] == loaded["mem_reserved_bytes"][0]
+    assert judged.pred_reserved_bytes[2] == first["mem_reserved_bytes"][0]
+    assert not judged.kept[3]  # micro-batch 32 of the 8B on one GPU's share: the OOM is pruned
+    figures = memcheck.score_judged(judged, sweep_runs.format, sweep_runs.n_skipped)
+    assert figures.n_oom == 1 and figures.n_other == 1 and figures.oom_pruned_frac == 1.0
+
+
+def test_the_allocator_fit_reads_the_same_stage(sweep_runs: memcheck.Runs, playbook: Spec) -> None:
+    b = fit.basis(sweep_runs, playbook)
+    assert b.measured_stage is not None and b.total0[1, 1] > b.total0[0, 1]
+    assert b.measured_stage.tolist() == [0, 1, 0, 0, 0, 0]  # the last stage where it is measured
+
+
+def test_a_sweep_table_imported_from_the_playbook_scores_as_the_csv_does(
+        refdata: Path, playbook: Spec, tmp_path: Path) -> None:
+    """`sweep import-playbook` writes runs.parquet with rank 0's peaks (`cuda:rank0`): read back,
+    every figure and the allocator fit are the CSV's."""
+    out = tmp_path / "runs.parquet"
+    assert main(["import-playbook", str(refdata / FULL), "--out", str(out)]) == 0
+    from_parquet, from_csv = memcheck.read_runs(out, playbook), memcheck.read_runs(refdata / FULL, playbook)
+    assert memcheck.score(from_parquet, playbook) == memcheck.score(from_csv, playbook)
+    assert fit.fit_allocator(from_parquet, playbook).allocator == \
+        fit.fit_allocator(from_csv, playbook).allocator

@@ -1,6 +1,7 @@
-"""`sweep memory-check RUNS.csv --spec SPEC [--cv model] [--json]`: score the memory model and the prune rules.
+"""`sweep memory-check RUNS --spec SPEC [--cv model] [--json]`: score the memory model and the prune rules.
 
-Reads either runs format (see `sweep.memcheck`), judges every run as the planner would, and
+Reads any runs format of `sweep.memcheck` (the playbook's two CSV tables, a sweep's own
+runs.parquet), judges every run as the planner would, and
 prints the fields of `sweep.memcheck.FIELDS`; `--json` emits them as one JSON object, with
 null where the file's format cannot give a field.
 
@@ -30,8 +31,9 @@ from sweep.spec import Spec, load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", type=Path, help="a runs CSV: the playbook charts' table or the "
-                                                "sweep's full results table")
+    parser.add_argument("runs", type=Path, help="a runs file: the playbook charts' table, "
+                                                "nanotron's full results table (CSV), or a "
+                                                "sweep's runs.parquet")
     parser.add_argument("--spec", type=Path, required=True,
                         help="the spec whose models, hardware and rules judge the runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -136,7 +138,7 @@ def _cell(value: object) -> str:
 
 def _show(value: object) -> str:
     if value is None:
-        return "null (this format cannot give it)"
+        return "null (this file cannot give it: no such column, or no GPU memory measured)"
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value).lower() if isinstance(value, bool) else str(value)
