@@ -96,7 +96,7 @@ rather than the FLOP-busiest (at 1B, pp = 8 the LM head's stage is busiest with 
 ``pipe_tp_sync`` was charged for none), and a run's inter-node bandwidth is the one its job
 measured where the table has it (`MEASURED_INTER_NODE`; the degraded batches above), with ten
 sick-node runs left out (`sweep.calibrate.sick_node_runs`): in-sample 12.9 % / 69.9 % → 12.5 % /
-39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.8 %, 8B 20.0 % / 139 % → 20.7 % / 46.2 %. What
+39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.7 %, 8B 20.0 % / 139 % → 20.6 % / 46.2 %. What
 limits it now: fitted on one model, the per-token cost relative to FLOPs is 1.3× off on the other
 (1B predicted ~12 % too fast, 8B 15-20 % too slow), which no term tried carried across.
 """
