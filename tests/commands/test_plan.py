@@ -389,3 +389,15 @@ def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -
     no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
                             "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
     assert memory_verdicts(frame, no_ceiling) is None
+
+
+def test_a_model_far_outside_the_fitted_sizes_is_named_as_an_extrapolation(
+        repo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The prior was fitted on 1.3B-8.9B models: the playbook's 80B (80.0B) is named, the 3B
+    (between the two) is not."""
+    assert main(["plan", str(repo_root / "examples" / "playbook.yaml"),
+                 "--out", str(tmp_path / "sweep")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert ("it was fitted on models of 1.3B-8.9B parameters, so playbook-80b (80.0B) "
+            "extrapolates: expect a larger error there") in printed
+    assert "playbook-3b (" not in printed
