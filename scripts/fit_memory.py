@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         print("the committed constants are reproduced" if same
               else "the committed constants differ: rerun without --check")
         return 0 if same else 1
+    if not ref.fit.gates_met:  # the planner's constants must keep what ran and prune OOMs
+        print(f"no grid point meets the gates ({fit.OBJECTIVE}); nothing written: widen the "
+              "grid (sweep.fit.GRID) or check the reference data", file=sys.stderr)
+        return 1
     args.out.write_text(fit_reference.render_constants(ref, dt.date.today().isoformat()), encoding="utf-8")
     print(f"-> {args.out}")
     return 0

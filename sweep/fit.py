@@ -183,13 +183,14 @@ class Basis:
     outcome: np.ndarray
     measured_reserved: np.ndarray  # bytes, NaN where unknown
     model: np.ndarray
-    # Per run, the stage whose reserved peak was measured (0 first, 1 last); None: rank 0, the
-    # first stage, for every run (the playbook's tables)
-    measured_stage: np.ndarray | None = None
+    # Per run, whether its reserved peak was measured on the most loaded stage (a sweep that
+    # measured every rank) rather than rank 0, the first stage; None: rank 0 for every run (the
+    # playbook's tables). Which stage is the most loaded depends on the grid point.
+    measured_loaded: np.ndarray | None = None
 
     def subset(self, mask: np.ndarray) -> Basis:
         budget = self.budget[mask] if isinstance(self.budget, np.ndarray) else self.budget
-        stage = None if self.measured_stage is None else self.measured_stage[mask]
+        stage = None if self.measured_loaded is None else self.measured_loaded[mask]
         return Basis(self.rules_ok[mask], self.estimated[mask], self.single[mask],
                      self.alloc[:, mask], self.total0[:, mask], self.frag[:, :, mask], budget,
                      self.outcome[mask], self.measured_reserved[mask], self.model[mask], stage)
@@ -232,13 +233,11 @@ def basis(runs: memcheck.Runs, spec: Spec) -> Basis:
         estimated[idx] = columns["grad_acc"] >= 1
         alloc[:, idx], total0[:, idx], frag[:, :, idx] = stage_terms(
             model, columns, get_profile(ctx.framework), ctx.seq_len, ctx.dtype)
-    measured_stage = None
-    if "measured_stage" in frame:  # a sweep's own peaks: the most loaded stage, by its total
-        loaded = frame["measured_stage"].to_numpy() == "most_loaded"
-        measured_stage = (loaded & (total0[1] > total0[0])).astype(np.int64)
+    loaded = (frame["measured_stage"].to_numpy() == "most_loaded"
+              if "measured_stage" in frame else None)
     return Basis(rules_ok, estimated, frame["pp"].to_numpy() == 1, alloc, total0, frag, budget,
                  frame["outcome"].to_numpy(), frame["reserved_bytes"].to_numpy(np.float64),
-                 frame["model"].to_numpy(), measured_stage)
+                 frame["model"].to_numpy(), loaded)
 
 
 def kept_mask(b: Basis, points: np.ndarray) -> np.ndarray:
@@ -257,14 +256,18 @@ def _scored(b: Basis) -> np.ndarray:
 
 
 def _rank0_reserved(b: Basis, points: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """(P, m): the reserved peak predicted for the measured rank of the masked runs (rank 0, the
-    first stage, unless `Basis.measured_stage` says otherwise)."""
-    if b.measured_stage is None:
-        return b.alloc[0, mask] + points[:, :3] @ b.frag[0][:, mask] + points[:, 3:4]
-    last = b.measured_stage[mask] == 1
-    alloc = np.where(last, b.alloc[1, mask], b.alloc[0, mask])
-    frag = np.where(last, b.frag[1][:, mask], b.frag[0][:, mask])
-    return alloc + points[:, :3] @ frag + points[:, 3:4]
+    """(P, m): the reserved peak predicted for the measured rank of the masked runs: rank 0, the
+    first stage, unless `Basis.measured_loaded` says the most loaded stage, which is chosen at
+    each point as `sweep.memory` chooses it (the larger total, fragmentation included)."""
+    shares, floor = points[:, :3], points[:, 3:4]
+    frag_first, frag_last = shares @ b.frag[0][:, mask], shares @ b.frag[1][:, mask]
+    first = b.alloc[0, mask] + frag_first + floor
+    if b.measured_loaded is None or not b.measured_loaded[mask].any():
+        return first
+    last = b.alloc[1, mask] + frag_last + floor
+    use_last = (b.measured_loaded[mask] & ~b.single[mask]
+                & (b.total0[1, mask] + frag_last > b.total0[0, mask] + frag_first))
+    return np.where(use_last, last, first)
 
 
 def _evaluate(b: Basis, points: np.ndarray, errors: bool = True
@@ -314,7 +317,12 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
     When no grid point meets the gates (a table unlike the playbook's: another allocator, a
     framework that reserves differently), the fit does not fail: it takes the points closest to
     the gates (`_gate_shortfall`), the smallest error among them, and says so (`gates_met`). A
-    user's own table, or a fold of leave-one-model-out, still gets constants and figures."""
+    user's own table, or a fold of leave-one-model-out, still gets constants and figures. A table
+    with no successful run whose reserved peak was measured has nothing to fit: an error."""
+    if not _scored(b).any():
+        models = ", ".join(sorted({str(m) for m in b.model})) or "no model"
+        raise ValueError(f"no successful run of {models} has a measured reserved peak (on a GPU): "
+                         "nothing to fit the allocator constants to")
     points = grid.points()
     feasible = np.ones(len(points), bool)
     if must_fit is not None:  # cheap (one row per published configuration): it goes first

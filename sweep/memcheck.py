@@ -3,10 +3,17 @@
 Three formats, told apart by their columns:
 - `sweep`: a sweep's own runs.parquet (`sweep collect`, or `sweep import-playbook`): one row per
   attempt, outcome completed/oom/…, `mem_reserved_bytes` and `mem_allocated_bytes` as measured.
-  `mem_source` says which rank: `cuda:rank0` (imports) is the first pipeline stage; `cuda` and
-  `log` are the largest over the ranks, so they are compared with the most loaded stage;
-  `cpu-rss-anon` (CPU runs) is not GPU memory and is not scored. Cancelled attempts say nothing
-  about memory and are skipped.
+  Which rank measured them follows from `mem_source` and the framework (`measured_rank`):
+  imports (`cuda:rank0`) and nanotron's log lines are rank 0, the first pipeline stage, with
+  nanotron's step-window allocated peak; the built-in workload (`cuda`), Megatron's and
+  torchtitan's logs are the largest over the ranks, compared with the most loaded stage and the
+  whole run's allocated peak. `cpu-rss-anon` (CPU runs) is not GPU memory and is not scored.
+  Attempts whose outcome says nothing about memory (cancelled, preempted, node_fail, unknown,
+  none) are skipped. `failed` (an import's failure of no stated class) is a failure that was not
+  an OOM where the table names OOMs (nanotron's full table: `Other`); where it names none (the
+  charts table: OOM or crash, not told apart) it stays `failed`, and the OOM fields are None, as
+  for the charts CSV. Every row must have been run
+  at the spec's sequence length, dtype and GPUs per node.
 - `charts`: the Ultra-Scale Playbook charts' table (`playbook_runs_1B_8B.csv`): status
   success/failed, `gpu_memory_GB` = rank 0's max_memory_reserved (GiB); the model by its label.
 - `full`: the sweep's own results table (`playbook_bench_full_1B_8B.csv`): status
@@ -17,14 +24,14 @@ Three formats, told apart by their columns:
 
 Each run is judged as the planner would judge it, at its own layout and grad_acc: every prune
 rule applies except `batch` (the run's global batch is what it ran; a few published runs did not
-hold the sweep's). Rows that match no spec model, lack a layout value, or whose dp·tp·pp is
-not nodes × the spec's GPUs per node, are skipped and counted. A field a format cannot give is None.
+hold the sweep's). Rows that match no spec model, lack a layout value, or whose world size
+(dp·tp·pp·cp·ep) is not nodes × the spec's GPUs per node, are skipped and counted. A field a
+file cannot give is None.
 
-The measured allocated peak of the full table is nanotron's: its `log_memory` resets the peak
-counters after the forward/backward pass, so it is compared with the memory model's
-`mem_step_allocated_bytes` when the model provides it (else `mem_allocated_bytes`). Both tables
-measured rank 0, so the peaks are predicted for the first pipeline stage; the verdict, as the
-planner's, uses the most loaded stage.
+The measured allocated peak of the playbook's tables is nanotron's: its `log_memory` resets the
+peak counters after the forward/backward pass, so it is compared with the memory model's
+`mem_step_allocated_bytes`. Both tables measured rank 0, so the peaks are predicted for the first
+pipeline stage; the verdict, as the planner's, uses the most loaded stage.
 """
 
 from __future__ import annotations
@@ -49,8 +56,20 @@ FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", 
                        "hidden_size", "num_heads", "vocab_size")
 SWEEP_COLUMNS: Final = ("model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage",
                         "outcome", "mem_reserved_bytes", "mem_allocated_bytes")
-# runs.parquet outcomes (sweep.schema.OUTCOMES) as memory evidence; a cancelled attempt is none
-SWEEP_OUTCOMES: Final = {"completed": "success", "oom": "oom", "cancelled": None}
+# runs.parquet outcomes (sweep.schema.OUTCOMES) as memory evidence; None: an attempt that says
+# nothing about memory (skipped); every other outcome is a failure that was not an OOM ("other")
+SWEEP_OUTCOMES: Final = {"completed": "success", "oom": "oom", "failed": "failed",
+                         "cancelled": None, "preempted": None, "node_fail": None,
+                         "unknown": None}
+# The rank whose peaks a runs.parquet row measured: (framework or "*", mem_source) → (stage the
+# peak is predicted for, the allocated peak it is compared with); sweep.frameworks.<name>.parser
+# says which rank each log's memory lines come from.
+MEASURED_RANK: Final = {("*", "cuda:rank0"): ("first", "step"),
+                        ("nanotron", "log"): ("first", "step"),
+                        ("*", "cuda"): ("most_loaded", "run"),
+                        ("*", "log"): ("most_loaded", "run")}
+# Columns of a runs.parquet row that must equal the spec's for the spec to judge it
+SAME_AS_SPEC: Final = ("seq_len", "dtype", "gpus_per_node")
 # Layout columns a sweep's table carries and the playbook's tables leave at the plan's default
 EXTRA_LAYOUT: Final = ("cp", "ep", "recompute", "pp_schedule", "vpp")
 FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
@@ -161,37 +180,65 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
 
 
 def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
-    """A runs.parquet: every attempt but the cancelled, its own layout columns, and the stage
-    its memory source measured."""
-    outcome = raw["outcome"].astype(str).map(lambda o: SWEEP_OUTCOMES.get(o, "other"))
-    source_of = raw["mem_source"].astype("string") if "mem_source" in raw \
-        else pd.Series(pd.NA, index=raw.index, dtype="string")
-    on_gpu = source_of.str.startswith("cuda").fillna(False) | (source_of == "log").fillna(False)
+    """A runs.parquet: the attempts that say something about memory, their own layout columns,
+    and the stage and allocated peak their memory source measured (`MEASURED_RANK`)."""
+    _check_same_as_spec(raw, spec, source)
+    outcome = raw["outcome"].map(lambda o: SWEEP_OUTCOMES.get(o, "other") if isinstance(o, str)
+                                 else None)
+    if (outcome == "oom").any():  # a table that names OOMs: its other failures were not OOMs
+        outcome = outcome.replace("failed", "other")
+    mem_source = raw["mem_source"] if "mem_source" in raw else pd.Series(None, index=raw.index)
+    framework = raw["framework"] if "framework" in raw else pd.Series(spec.framework,
+                                                                      index=raw.index)
+    rank = [MEASURED_RANK.get((str(f), str(m))) or MEASURED_RANK.get(("*", str(m)))
+            for f, m in zip(framework, mem_source, strict=True)]
+    on_gpu = pd.Series([r is not None for r in rank], index=raw.index)
     frame = pd.DataFrame({
         "model": raw["model"].map({m: _model_for_label(m, spec) for m in raw["model"].unique()}),
         "outcome": outcome, "grad_acc": raw["grad_acc"],
-        "sp": raw["sp"].astype(bool) if "sp" in raw else max(spec.axes.sp),
-        "alloc_bytes": raw["mem_allocated_bytes"].astype("float64").where(on_gpu),
-        "reserved_bytes": raw["mem_reserved_bytes"].astype("float64").where(on_gpu),
+        "sp": raw["sp"] if "sp" in raw else max(spec.axes.sp),
+        "alloc_bytes": pd.to_numeric(raw["mem_allocated_bytes"]).astype("float64").where(on_gpu),
+        "reserved_bytes": pd.to_numeric(raw["mem_reserved_bytes"]).astype("float64").where(on_gpu),
         "tokens_per_sec_per_gpu": raw.get("tokens_per_sec_per_gpu", np.nan),
-        "measured_stage": np.where((source_of == "cuda:rank0").fillna(False).to_numpy(bool),
-                                   "first", "most_loaded")})
+        "measured_stage": [r[0] if r else "first" for r in rank],
+        "alloc_peak": [r[1] if r else "step" for r in rank]})
     for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage", *EXTRA_LAYOUT):
         if column in raw:
             frame[column] = raw[column]
     return _usable(frame, spec, "sweep", skipped=frame["outcome"].isna())
 
 
+def _check_same_as_spec(raw: pd.DataFrame, spec: Spec, source: str) -> None:
+    """A row run at another sequence length, dtype or node size than the spec's would be
+    predicted at the spec's: refuse it, naming the column and the fix."""
+    wanted = {"seq_len": spec.seq_len, "dtype": spec.dtype,
+              "gpus_per_node": spec.gpus_per_node_resolved}
+    for column in SAME_AS_SPEC:
+        if column not in raw:
+            continue
+        values = raw[column].dropna()
+        other = sorted({str(v) for v in values if str(v) != str(wanted[column])})
+        if other:
+            raise RunsFileError(f"{source}: column {column!r} has {other} where the spec has "
+                                f"{wanted[column]!r}: check these runs against the spec they "
+                                "were planned from")
+
+
 def _usable(frame: pd.DataFrame, spec: Spec, fmt: str, skipped: pd.Series) -> Runs:
-    """The rows with a spec model, every layout value, and a world size of nodes × the spec's
-    GPUs per node; the others (and `skipped`) are counted as skipped."""
+    """The rows with a spec model, every layout value (the table's own cp, ep, vpp,
+    recomputation, schedule and SP included), and a world size of nodes × the spec's GPUs per
+    node; the others (and `skipped`) are counted as skipped."""
     layout = ["nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
+    present = layout + [c for c in (*EXTRA_LAYOUT, "sp") if c in frame]
     world = frame.dp * frame.tp * frame.pp * frame.get("cp", 1) * frame.get("ep", 1)
-    usable = (~skipped & frame["model"].notna() & frame[layout].notna().all(axis=1)
+    usable = (~skipped.astype(bool) & frame["model"].notna() & frame[present].notna().all(axis=1)
               & (world == frame.nodes * spec.gpus_per_node_resolved))
+    usable = usable.fillna(False).astype(bool)
     frame = frame[usable].reset_index(drop=True)
     for column in layout + [c for c in ("cp", "ep", "vpp") if c in frame]:
         frame[column] = frame[column].astype(np.int64)
+    if "sp" in frame and frame["sp"].dtype != bool:
+        frame["sp"] = frame["sp"].astype(bool)
     return Runs(format=fmt, frame=frame, n_skipped=int((~usable).sum()))
 
 
@@ -343,11 +390,13 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
             loaded = _estimate(columns, ctx, profile, "most_loaded")
             on_loaded = group["measured_stage"].to_numpy() == "most_loaded"
             measured = {k: np.where(on_loaded, loaded[k], v) for k, v in measured.items()}
-        alloc_key = "mem_step_allocated_bytes" if "mem_step_allocated_bytes" in measured \
-            else "mem_allocated_bytes"
-        for target, key in (("pred_alloc_bytes", alloc_key),
-                            ("pred_reserved_bytes", "mem_reserved_bytes")):
-            values = measured[key].astype(np.float64)
+        step = measured.get("mem_step_allocated_bytes", measured["mem_allocated_bytes"])
+        if "alloc_peak" in group:  # the whole run's peak where nothing reset the counters
+            step = np.where(group["alloc_peak"].to_numpy() == "run",
+                            measured["mem_allocated_bytes"], step)
+        for target, values in (("pred_alloc_bytes", step),
+                               ("pred_reserved_bytes", measured["mem_reserved_bytes"])):
+            values = np.asarray(values).astype(np.float64)
             frame.loc[group.index, target] = np.where(values < 0, np.nan, values)
     return frame
 
@@ -359,7 +408,8 @@ def score(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> Mem
 
 def score_judged(judged: pd.DataFrame, fmt: str, n_skipped: int = 0) -> MemoryCheck:
     """The figures of judged runs (`judge`, or several judged frames concatenated)."""
-    full = fmt in ("full", "sweep")  # formats that tell OOMs apart
+    # the formats that tell OOMs apart (an imported charts table does not)
+    full = fmt == "full" or (fmt == "sweep" and not (judged["outcome"] == "failed").any())
     outcome = judged["outcome"]
     success = outcome == "success"
     failed = ~success

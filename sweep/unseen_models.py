@@ -82,7 +82,13 @@ def score(heatmap: pd.DataFrame, source: str | Path, spec: Spec,
     frame = pd.concat(out, ignore_index=True)
     plan = with_predictions(space.plan(spec), spec, coefficients)
     keys = ["model", "nodes", *LAYOUT]
-    plan = plan[plan.cp.eq(1) & plan.ep.eq(1)][[*keys, "status", "pred_rank"]]
+    # the playbook's settings: no CP or EP, no recomputation, SP with TP, 1F1B (the ranks are
+    # still among every candidate of the cell, whatever the spec's other axes hold)
+    ran = (plan.cp.eq(1) & plan.ep.eq(1) & plan.recompute.eq("none") & plan.vpp.eq(1)
+           & plan.pp_schedule.eq("1f1b") & (plan.sp.astype(bool) == (plan.tp > 1)))
+    plan = plan[ran][[*keys, "status", "pred_rank"]]
+    if plan.duplicated(keys).any():
+        raise ValueError(f"{source}: the spec plans one heatmap layout more than once")
     frame = frame.merge(plan.astype({k: "int64" for k in keys[1:]}), on=keys, how="left")
     frame = frame.rename(columns={"status": "plan_status"}).fillna({"plan_status": "absent"})
     tied = frame.model.map({m.name: m.tie_word_embeddings for m in spec.model_shapes})

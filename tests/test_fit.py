@@ -76,6 +76,13 @@ def test_rerunning_the_fit_reproduces_the_committed_constants(
     assert seconds < 60, seconds
 
 
+def test_the_committed_constants_met_the_fits_gates() -> None:
+    """scripts/fit_memory.py writes nothing from a fit that missed its gates (keep 99 % of the
+    successes, prune 90 % of the OOMs): the planner's constants never come from the fallback."""
+    assert fitted_constants.PROVENANCE["gates_met"] is True
+    assert fitted_constants.PROVENANCE["feasible_points"] > 0
+
+
 def test_every_profile_uses_the_fitted_constants() -> None:
     assert (FRAG_SEQUENTIAL, FRAG_PIPELINED, FRAG_LOGITS, RESERVED_FLOOR_BYTES) == (
         fitted_constants.FRAG_SEQUENTIAL, fitted_constants.FRAG_PIPELINED,
@@ -299,3 +306,11 @@ def test_a_table_no_grid_point_can_satisfy_gets_the_closest_point_not_an_error()
     assert result.allocator.sequential == 0.75
     assert result.figures.success_kept_frac == 0.5 and result.figures.oom_pruned_frac == 1.0
     assert result.to_dict()["gates_met"] is False
+
+
+def test_a_table_with_no_measured_success_has_nothing_to_fit() -> None:
+    b = _two_successes_and_an_oom()
+    unmeasured = fit.Basis(b.rules_ok, b.estimated, b.single, b.alloc, b.total0, b.frag, b.budget,
+                           b.outcome, np.full(3, np.nan), b.model)
+    with pytest.raises(ValueError, match="no successful run of m has a measured reserved peak"):
+        fit.fit_basis(unmeasured, fit.GRID)

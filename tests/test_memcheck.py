@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -254,9 +255,13 @@ def sweep_runs(tmp_path: Path, playbook: Spec) -> memcheck.Runs:
         _attempt(mbs=32, grad_acc=1, zero_stage=0, outcome="oom",
                  mem_reserved_bytes=None, mem_allocated_bytes=None),
         _attempt(outcome="crashed"),
-        _attempt(outcome="cancelled"),                    # says nothing about memory
+        _attempt(outcome="cancelled"),                    # these say nothing about memory
+        _attempt(outcome="node_fail"),
+        _attempt(outcome=None),
         _attempt(mem_source="cpu-rss-anon"),              # not GPU memory
+        _attempt(framework="nanotron", mem_source="log"),  # nanotron logs rank 0's peaks
         _attempt(model="no-such-model"),
+        _attempt(cp=None),                                # a layout value missing
     ]
     path = tmp_path / "runs.parquet"
     pd.DataFrame(attempts).to_parquet(path)
@@ -264,42 +269,67 @@ def sweep_runs(tmp_path: Path, playbook: Spec) -> memcheck.Runs:
 
 
 def test_a_sweeps_runs_parquet_is_read_attempt_by_attempt(sweep_runs: memcheck.Runs) -> None:
-    assert sweep_runs.format == "sweep" and sweep_runs.n_skipped == 2  # cancelled, unknown model
+    assert sweep_runs.format == "sweep" and sweep_runs.n_skipped == 5
     frame = sweep_runs.frame
-    assert frame.outcome.tolist() == ["success", "success", "success", "oom", "other", "success"]
-    assert frame.measured_stage.tolist() == ["most_loaded"] * 2 + ["first"] + ["most_loaded"] * 3
-    assert frame.reserved_bytes.isna().tolist() == [False] * 3 + [True, False, True]
+    assert frame.outcome.tolist() == ["success"] * 3 + ["oom", "other", "success", "success"]
+    assert frame.measured_stage.tolist() == (["most_loaded"] * 2 + ["first"]
+                                             + ["most_loaded"] * 2 + ["first"] * 2)
+    assert frame.alloc_peak.tolist()[:3] == ["run", "run", "step"]
+    assert frame.alloc_peak.tolist()[-1] == "step"
+    assert frame.reserved_bytes.isna().tolist() == [False] * 3 + [True, False, True, False]
 
 
-def test_a_sweeps_peaks_are_predicted_for_the_stage_that_was_measured(
+def test_a_sweeps_peaks_are_predicted_for_the_stage_and_window_that_were_measured(
         sweep_runs: memcheck.Runs, playbook: Spec) -> None:
     judged = memcheck.judge(sweep_runs, playbook)
-    model = next(m for m in playbook.model_shapes if m.name == "playbook-1b")
+    one_b = next(m for m in playbook.model_shapes if m.name == "playbook-1b")
     columns = memcheck.layout_columns(judged.iloc[[1]], playbook)
-    first, loaded = (memory.estimate_columns(model, columns, seq_len=4096, dtype="bf16",
+    first, loaded = (memory.estimate_columns(one_b, columns, seq_len=4096, dtype="bf16",
                                              profile="nanotron", stage=stage)
                      for stage in ("first", "most_loaded"))
     assert first["mem_reserved_bytes"][0] < loaded["mem_reserved_bytes"][0]
     assert judged.pred_reserved_bytes[1] == loaded["mem_reserved_bytes"][0]
     assert judged.pred_reserved_bytes[2] == first["mem_reserved_bytes"][0]
+    assert judged.pred_alloc_bytes[1] == loaded["mem_allocated_bytes"][0]  # the whole run's peak
+    assert judged.pred_alloc_bytes[2] == first["mem_step_allocated_bytes"][0]  # the step window
     assert not judged.kept[3]  # micro-batch 32 of the 8B on one GPU's share: the OOM is pruned
     figures = memcheck.score_judged(judged, sweep_runs.format, sweep_runs.n_skipped)
     assert figures.n_oom == 1 and figures.n_other == 1 and figures.oom_pruned_frac == 1.0
 
 
-def test_the_allocator_fit_reads_the_same_stage(sweep_runs: memcheck.Runs, playbook: Spec) -> None:
+def test_the_allocator_fit_predicts_the_stage_judge_predicts(
+        sweep_runs: memcheck.Runs, playbook: Spec) -> None:
+    """The fit's fast path is the real path for a sweep's peaks too, at every point: which
+    stage is the most loaded depends on the allocator constants."""
     b = fit.basis(sweep_runs, playbook)
-    assert b.measured_stage is not None and b.total0[1, 1] > b.total0[0, 1]
-    assert b.measured_stage.tolist() == [0, 1, 0, 0, 0, 0]  # the last stage where it is measured
+    assert b.measured_loaded is not None
+    scored = np.isfinite(b.measured_reserved) & (b.outcome == "success")
+    for point in (fit.Allocator(0.0, 0.0, 0.0, 0), fit.Allocator(0.5, 1.0, 1.0, 1024 * 2**20),
+                  fit.Allocator(0.1, 0.4, 0.3, 192 * 2**20)):
+        grid = np.array([[point.sequential, point.pipelined, point.logits, point.floor_bytes]])
+        fast = fit._rank0_reserved(b, grid, scored)[0]
+        real = memcheck.judge(sweep_runs, playbook, point.apply("nanotron")).pred_reserved_bytes
+        assert np.allclose(fast, real[scored].to_numpy(), rtol=0, atol=8), point
 
 
-def test_a_sweep_table_imported_from_the_playbook_scores_as_the_csv_does(
-        refdata: Path, playbook: Spec, tmp_path: Path) -> None:
-    """`sweep import-playbook` writes runs.parquet with rank 0's peaks (`cuda:rank0`): read back,
-    every figure and the allocator fit are the CSV's."""
+def test_a_row_run_at_another_sequence_length_is_refused(tmp_path: Path, playbook: Spec) -> None:
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame([_attempt(seq_len=4096), _attempt(seq_len=8192)]).to_parquet(path)
+    with pytest.raises(memcheck.RunsFileError,
+                       match=r"runs\.parquet: column 'seq_len' has \['8192'\] where the spec has 4096"):
+        memcheck.read_runs(path, playbook)
+
+
+@pytest.mark.parametrize("table", [FULL, CHARTS])
+def test_a_playbook_table_imported_as_runs_parquet_scores_as_its_csv_does(
+        refdata: Path, playbook: Spec, tmp_path: Path, table: str) -> None:
+    """`sweep import-playbook` writes runs.parquet with rank 0's peaks (`cuda:rank0`) and, for
+    the charts, failures it cannot tell apart (`failed`): read back, every figure is the CSV's,
+    and for the full table the allocator fit too."""
     out = tmp_path / "runs.parquet"
-    assert main(["import-playbook", str(refdata / FULL), "--out", str(out)]) == 0
-    from_parquet, from_csv = memcheck.read_runs(out, playbook), memcheck.read_runs(refdata / FULL, playbook)
+    assert main(["import-playbook", str(refdata / table), "--out", str(out)]) == 0
+    from_parquet, from_csv = memcheck.read_runs(out, playbook), memcheck.read_runs(refdata / table, playbook)
     assert memcheck.score(from_parquet, playbook) == memcheck.score(from_csv, playbook)
-    assert fit.fit_allocator(from_parquet, playbook).allocator == \
-        fit.fit_allocator(from_csv, playbook).allocator
+    if table == FULL:
+        assert fit.fit_allocator(from_parquet, playbook).allocator == \
+            fit.fit_allocator(from_csv, playbook).allocator

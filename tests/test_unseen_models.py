@@ -108,3 +108,19 @@ def test_the_64_node_cells_are_reported_apart(scored: pd.DataFrame) -> None:
     with_all = summary(scored, exclude_nodes=())
     assert (with_all.cells - summary(scored).cells).tolist() == [1, 1, 1, 1]
     assert with_all.loc["playbook-3b", "max_abs_error"] > 0.5
+
+
+def test_each_cell_is_scored_once_whatever_else_the_spec_plans(
+        scored: pd.DataFrame, refdata: Path, repo_root: Path, tmp_path: Path) -> None:
+    """A spec that also plans recomputation and TP without SP still scores each heatmap cell
+    once, at the layout the playbook ran; only the ranks move (more candidates per cell)."""
+    text = (repo_root / "examples" / "playbook.yaml").read_text()
+    wider = text.replace("recompute: [none]", "recompute: [none, full]").replace(
+        "sp: [true]", "sp: [true, false]")
+    assert wider != text
+    (tmp_path / "wider.yaml").write_text(wider)
+    spec = load_spec(tmp_path / "wider.yaml")
+    again = score(pd.read_csv(refdata / HEATMAP_FILE), HEATMAP_FILE, spec, default_prior(spec))
+    assert len(again) == len(scored) == 26
+    assert np.allclose(again.predicted, scored.predicted)
+    assert (again.pred_rank >= scored.pred_rank).all()

@@ -66,7 +66,8 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     try:
         cv = fit.cross_validate(runs, spec, must_fit=must_fit)
         # the published configurations held out too: constants fitted on this table alone
-        alone = fit.fit_allocator(runs, spec).allocator
+        alone_fit = fit.fit_allocator(runs, spec)
+        alone = alone_fit.allocator
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}") from None
     columns = {"in-sample": cv.in_sample_allocator,
@@ -80,6 +81,7 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     if args.json:
         print(json.dumps({"cv": "model", "objective": fit.OBJECTIVE, **cv.to_dict(),
                           "targets": targets, "allocator_this_table_alone": asdict(alone),
+                          "gates_met_this_table_alone": alone_fit.gates_met,
                           "published_fit_frac": published_fit}))
         return 0
     constraint = "" if must_fit is not None else (
@@ -109,6 +111,9 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
         print(f"  {'':<38}" + "".join(f"{column:>22}" for column in columns))
         for name, fracs in published_fit.items():
             print(f"  {name:<38}" + "".join(f"{fracs[column]:>22.4f}" for column in columns))
+    if not alone_fit.gates_met:
+        print(f"note: no grid point met the fit's gates on this table alone; the closest point "
+              f"was taken ({_allocator(alone)})")
     return 0
 
 
@@ -138,7 +143,7 @@ def _cell(value: object) -> str:
 
 def _show(value: object) -> str:
     if value is None:
-        return "null (this file cannot give it: no such column, or no GPU memory measured)"
+        return "null (this file cannot give it)"
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value).lower() if isinstance(value, bool) else str(value)
