@@ -3,7 +3,7 @@
 Three formats, told apart by their columns:
 - `sweep`: a sweep's own runs.parquet (`sweep collect`, or `sweep import-playbook`): one row per
   attempt, outcome completed/oom/…, `mem_reserved_bytes` and `mem_allocated_bytes` as measured.
-  Which rank measured them follows from `mem_source` and the framework (`measured_rank`):
+  Which rank measured them follows from `mem_source` and the framework (`MEASURED_RANK`):
   imports (`cuda:rank0`) and nanotron's log lines are rank 0, the first pipeline stage, with
   nanotron's step-window allocated peak; the built-in workload (`cuda`), Megatron's and
   torchtitan's logs are the largest over the ranks, compared with the most loaded stage and the
@@ -12,8 +12,8 @@ Three formats, told apart by their columns:
   none) are skipped. `failed` (an import's failure of no stated class) is a failure that was not
   an OOM where the table names OOMs (nanotron's full table: `Other`); where it names none (the
   charts table: OOM or crash, not told apart) it stays `failed`, and the OOM fields are None, as
-  for the charts CSV. Every row must have been run
-  at the spec's sequence length, dtype and GPUs per node.
+  for the charts CSV. Every row must have been run at the spec's sequence length, dtype and GPUs
+  per node.
 - `charts`: the Ultra-Scale Playbook charts' table (`playbook_runs_1B_8B.csv`): status
   success/failed, `gpu_memory_GB` = rank 0's max_memory_reserved (GiB); the model by its label.
 - `full`: the sweep's own results table (`playbook_bench_full_1B_8B.csv`): status
@@ -147,7 +147,7 @@ def detect_format(columns: list[str], source: str = "<runs>") -> str:
             return name
     missing = {name: sorted(set(wanted) - present) for name, wanted in formats}
     closest = min(missing, key=lambda k: len(missing[k]))
-    raise RunsFileError(f"{source}: neither runs format; closest is `{closest}`, which also "
+    raise RunsFileError(f"{source}: not a runs format memory-check reads; closest is `{closest}`, which also "
                         f"needs the column(s) {missing[closest]}")
 
 

@@ -40,7 +40,7 @@ def test_formats_are_told_apart_by_their_columns(refdata: Path) -> None:
     assert memcheck.detect_format(list(pd.read_csv(refdata / CHARTS, nrows=1).columns)) == "charts"
     assert memcheck.detect_format(list(pd.read_csv(refdata / FULL, nrows=1).columns)) == "full"
     with pytest.raises(memcheck.RunsFileError,
-                       match=r"x\.csv: neither runs format.*'gpu_memory_GB'"):
+                       match=r"x\.csv: not a runs format memory-check reads.*'gpu_memory_GB'"):
         memcheck.detect_format(["model_label", "nodes", "dp"], "x.csv")
 
 
@@ -141,7 +141,7 @@ def test_cli_rejects_a_file_of_neither_format(refdata: Path, repo_root: Path,
     spec = str(repo_root / "examples" / "playbook.yaml")
     bad = refdata / "model_architectures.csv"
     assert main(["memory-check", str(bad), "--spec", spec]) == 2
-    assert "neither runs format" in capsys.readouterr().err
+    assert "not a runs format memory-check reads" in capsys.readouterr().err
 
 
 def test_rows_without_a_layout_or_on_other_hardware_are_skipped(
