@@ -147,8 +147,8 @@ def detect_format(columns: list[str], source: str = "<runs>") -> str:
             return name
     missing = {name: sorted(set(wanted) - present) for name, wanted in formats}
     closest = min(missing, key=lambda k: len(missing[k]))
-    raise RunsFileError(f"{source}: not a runs format memory-check reads; closest is `{closest}`, which also "
-                        f"needs the column(s) {missing[closest]}")
+    raise RunsFileError(f"{source}: not a runs format memory-check reads; closest is "
+                        f"`{closest}`, which also needs the column(s) {missing[closest]}")
 
 
 def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
