@@ -15,7 +15,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
@@ -160,6 +160,19 @@ LLMFOUNDRY: Final = replace(
 
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
     {p.name: p for p in (NANOTRON, MEGATRON, TORCHTITAN, BUILTIN)})
+
+
+# The environment variables that configure PyTorch's CUDA caching allocator (the second is the
+# device-generic name of PyTorch 2.9 on). The fragmentation constants were fitted on runs that set
+# neither: `expandable_segments`, `max_split_size_mb` or `garbage_collection_threshold` change
+# what the allocator reserves beyond live tensors.
+ALLOCATOR_ENV: Final = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_settings(envs: Iterable[Mapping[str, str]]) -> list[str]:
+    """The caching-allocator settings among run environments, as NAME=value, once each."""
+    found = {f"{name}={env[name]}" for env in envs for name in ALLOCATOR_ENV if name in env}
+    return sorted(found)
 
 
 def get_profile(name: str | MemoryProfile) -> MemoryProfile:

@@ -38,7 +38,7 @@ from sweep.commands.calibrate import (
     self_calibration_payload,
     sweep_coefficients,
 )
-from sweep.memory_profiles import RESERVED_BAND, reserved_interval
+from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, atomic_write_with
 from sweep.throughput import Coefficients
@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     verdicts = memory_verdicts(frame, spec)
     if verdicts is not None:
         console.print(verdicts.describe(), highlight=False, soft_wrap=True)
+        for line in allocator_notes(spec):
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
     kept = int((frame["status"] == space.KEPT).sum())
     console.print(f"{len(frame)} candidates, {kept} kept → {out / PLAN_FILE}", highlight=False,
                   soft_wrap=True)
@@ -164,6 +166,20 @@ def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
                           probes=int(probe.sum()), pruned=int((~kept).sum()),
                           pruned_could_fit=int(((low <= budget) & ~kept).sum()),
                           band=RESERVED_BAND)
+
+
+def allocator_notes(spec: Spec) -> list[str]:
+    """What `sweep plan` says when the runs configure the CUDA caching allocator: the memory
+    model's reserve beyond live tensors was fitted without such settings, and nothing here
+    measured them, so the plan says so and how to calibrate rather than guess a correction."""
+    envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]
+    settings = allocator_settings(envs)
+    if not settings:
+        return []
+    return [f"memory: the runs set {', '.join(settings)}; the allocator's reserve beyond live "
+            "tensors was fitted on runs without it (nanotron's defaults), so the reserved peaks, "
+            "and what is pruned or probed near the limit, may be off; after a first round, "
+            "`sweep plan --calibrate-from RUNS` rescales them to what your runs measured"]
 
 
 def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficients

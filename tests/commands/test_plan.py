@@ -401,3 +401,21 @@ def test_a_model_far_outside_the_fitted_sizes_is_named_as_an_extrapolation(
     assert ("it was fitted on models of 1.3B-8.9B parameters, so playbook-80b (80.0B) "
             "extrapolates: expect a larger error there") in printed
     assert "playbook-3b (" not in printed
+
+
+def test_runs_that_configure_the_caching_allocator_are_told_the_memory_model_did_not_see_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """expandable_segments (or max_split_size_mb) changes what the allocator reserves beyond live
+    tensors; the fitted constants never saw it, so the plan says so, once, with the fix."""
+    assert main(["plan", str(write_spec(tmp_path)), "--out", str(tmp_path / "plain")]) == 0
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in capsys.readouterr().out
+    text = SPEC + ("run:\n  env: {PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:True'}\n"
+                   "overrides:\n  - where: {mbs: 4}\n"
+                   "    set: {env: {PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:True'}}\n")
+    (tmp_path / "b").mkdir()
+    assert main(["plan", str(write_spec(tmp_path / "b", text)), "--out", str(tmp_path / "b" / "o")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert printed.count("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") == 1
+    assert ("was fitted on runs without it (nanotron's defaults), so the reserved peaks, and what "
+            "is pruned or probed near the limit, may be off") in printed
+    assert "`sweep plan --calibrate-from RUNS` rescales them" in printed
