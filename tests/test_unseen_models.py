@@ -92,7 +92,7 @@ def test_the_3b_which_no_fit_saw_is_predicted_as_well_as_the_fitted_models(
 
 def test_the_80b_is_predicted_too_slow_by_about_a_quarter_and_its_winners_rank_high(
         scored: pd.DataFrame) -> None:
-    """Measured: 18-30 % too slow in the four cells below 64 nodes (deep pipelines, 256
+    """Measured: 18-30 % too slow in the four cells below 64 nodes (pipelines of 64-256
     micro-batches), so the prior undersells the 80B; but every winner, 64 nodes included, is
     among the plan's eight fastest of its cell, which the default shortlist runs."""
     figures = summary(scored).loc["playbook-80b"]
