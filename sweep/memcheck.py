@@ -205,6 +205,8 @@ def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
     for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage", *EXTRA_LAYOUT):
         if column in raw:
             frame[column] = raw[column]
+    if "framework_version" in raw:  # the versions a sweep spans (`score_by_version`)
+        frame["framework_version"] = raw["framework_version"]
     return _usable(frame, spec, "sweep", skipped=frame["outcome"].isna())
 
 
@@ -435,6 +437,20 @@ def score_judged(judged: pd.DataFrame, fmt: str, n_skipped: int = 0) -> MemoryCh
         reserved_p90_abs_rel_err=_quantile(reserved, 0.9),
         best_kept=best_kept(judged),
     )
+
+
+def score_by_version(judged: pd.DataFrame, fmt: str) -> dict[str, MemoryCheck]:
+    """The figures per framework version, where a sweep's runs span more than one: the
+    allocator's reserve can change between versions of one framework (the playbook's table
+    shows it, sweep.fit), and one set of constants then fits one version at the other's cost.
+    Empty for one version or none."""
+    if "framework_version" not in judged:
+        return {}
+    versions = judged["framework_version"].dropna().astype(str)
+    if versions.nunique() < 2:
+        return {}
+    return {version: score_judged(judged.loc[versions.index[versions == version]], fmt)
+            for version in sorted(versions.unique())}
 
 
 def best_kept(judged: pd.DataFrame) -> bool | None:

@@ -333,3 +333,31 @@ def test_a_playbook_table_imported_as_runs_parquet_scores_as_its_csv_does(
     if table == FULL:
         assert fit.fit_allocator(from_parquet, playbook).allocator == \
             fit.fit_allocator(from_csv, playbook).allocator
+
+
+def test_a_sweep_spanning_framework_versions_is_scored_per_version(
+        tmp_path: Path, repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The allocator's reserve can change between versions of one framework (the playbook's
+    table shows it): memory-check scores each version a sweep spans, and says nothing when it
+    spans one."""
+    path = tmp_path / "runs.parquet"
+    rows = [_attempt(framework_version="v1", mem_reserved_bytes=70.0 * GiB),
+            _attempt(framework_version="v1", mbs=2, grad_acc=16, mem_reserved_bytes=75.0 * GiB),
+            _attempt(framework_version="v2", mem_reserved_bytes=40.0 * GiB),
+            _attempt(framework_version=None)]
+    pd.DataFrame(rows).to_parquet(path)
+    spec = str(repo_root / "examples" / "playbook.yaml")
+    assert main(["memory-check", str(path), "--spec", spec, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    by_version = data["by_framework_version"]
+    assert list(by_version) == ["v1", "v2"]
+    assert by_version["v1"]["n_success"] == 2 and by_version["v2"]["n_success"] == 1
+    assert data["n_success"] == 4  # the row of no stated version counts in the whole
+    assert by_version["v1"]["reserved_median_abs_rel_err"] != \
+        by_version["v2"]["reserved_median_abs_rel_err"]
+    assert main(["memory-check", str(path), "--spec", spec]) == 0
+    printed = capsys.readouterr().out
+    assert "by framework version" in printed and "\n  v1 " in printed and "\n  v2 " in printed
+    pd.DataFrame([r for r in rows if r["framework_version"] == "v1"]).to_parquet(path)
+    assert main(["memory-check", str(path), "--spec", spec]) == 0
+    assert "by framework version" not in capsys.readouterr().out

@@ -50,13 +50,27 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(error)) from None
     if args.cv == "model":
         return _cross_validate(args, runs, spec)
-    result = memcheck.score(runs, spec).to_dict()
+    judged = memcheck.judge(runs, spec)
+    result = memcheck.score_judged(judged, runs.format, runs.n_skipped).to_dict()
+    by_version = memcheck.score_by_version(judged, runs.format)
     if args.json:
+        if by_version:
+            result["by_framework_version"] = {v: c.to_dict() for v, c in by_version.items()}
         print(json.dumps(result))
         return 0
     print(f"{args.runs} ({runs.format} format) against {args.spec} ({spec.framework}):")
     for name in memcheck.FIELDS:
         print(f"  {name:<28} {_show(result[name])}")
+    if by_version:
+        print("by framework version (the runs span several: the allocator's reserve may differ "
+              "between them)")
+        print(f"  {'version':<28} {'successes':>10} {'kept':>8} {'OOMs pruned':>12} "
+              f"{'reserved median / p90 error':>28}")
+        for version, check in by_version.items():
+            errors = f"{_cell(check.reserved_median_abs_rel_err)} / " \
+                     f"{_cell(check.reserved_p90_abs_rel_err)}"
+            print(f"  {version:<28} {check.n_success:>10} {_cell(check.success_kept_frac):>8} "
+                  f"{_cell(check.oom_pruned_frac):>12} {errors:>28}")
     return 0
 
 
