@@ -163,10 +163,10 @@ PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
 
 
 # The environment variables that configure PyTorch's CUDA caching allocator (the second is the
-# device-generic name that recent releases document, torch.cuda.memory.get_allocator_backend). The
-# fragmentation constants were fitted on runs that set
-# neither: `expandable_segments`, `max_split_size_mb` or `garbage_collection_threshold` change
-# what the allocator reserves beyond live tensors.
+# device-generic name that recent releases document, torch.cuda.memory.get_allocator_backend).
+# The fragmentation constants were fitted on runs that set neither: `expandable_segments`,
+# `max_split_size_mb` or `garbage_collection_threshold` change what the allocator reserves beyond
+# live tensors.
 ALLOCATOR_ENV: Final = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
