@@ -82,7 +82,8 @@ def main() -> None:
     heatmap = pd.read_csv(refdata_dir() / HEATMAP_FILE)
     print(f"\n{'never fitted':<13}{'prior':<26}{'cells':>6}{'median':>8}{'max':>8}"
           f"{'median signed':>15}{'worst rank':>12}")
-    for name, prior in {"physical": Coefficients(), "shipped (1B + 8B)": default_prior(spec)}.items():
+    priors = {"physical": Coefficients(), "shipped (1B + 8B)": default_prior(spec)}
+    for name, prior in priors.items():
         winners = score(heatmap, HEATMAP_FILE, spec, prior)
         figures = summary(winners)
         for model in ("playbook-3b", "playbook-80b"):

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from sweep import catalog, space
-from sweep.model import ModelShape, count_parameters
+from sweep.model import count_parameters
 from sweep.spec import Spec
 from sweep.throughput import FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features, predict
 
@@ -246,9 +246,11 @@ def describe_default_prior(spec: Spec) -> str:
     text = (f"the fit to {fitted_throughput.FRAMEWORK}'s published {fitted_throughput.GPU} runs "
             f"(sweep/fitted_throughput.py; median error {medians[0]:.0%}-{medians[-1]:.0%} on a "
             "model it was not fitted on; `sweep plan --calibrate-from` calibrates it)")
-    low, high = _fitted_sizes(list(left_out))
-    beyond = [f"{m.name} ({_billions(m)})" for m in spec.model_shapes
-              if not low / EXTRAPOLATION <= count_parameters(m).total <= high * EXTRAPOLATION]
+    fitted = [count_parameters(catalog.get_model(m)).total for m in left_out]
+    low, high = min(fitted), max(fitted)
+    sizes = {m.name: count_parameters(m).total for m in spec.model_shapes}
+    beyond = [f"{name} ({_billions(size)})" for name, size in sizes.items()
+              if not low / EXTRAPOLATION <= size <= high * EXTRAPOLATION]
     if beyond:
         text += (f"; it was fitted on models of {_billions(low)}-{_billions(high)} parameters, so "
                  f"{', '.join(beyond)} extrapolate{'s' if len(beyond) == 1 else ''}: expect a "
@@ -261,16 +263,8 @@ def describe_default_prior(spec: Spec) -> str:
 EXTRAPOLATION: Final = 1.5
 
 
-def _fitted_sizes(models: list[str]) -> tuple[float, float]:
-    """The smallest and largest parameter count of the catalog models a fit was made on."""
-    sizes = [count_parameters(catalog.get_model(m)).total for m in models]
-    return float(min(sizes)), float(max(sizes))
-
-
-def _billions(model_or_count: ModelShape | float) -> str:
-    count = (count_parameters(model_or_count).total if isinstance(model_or_count, ModelShape)
-             else model_or_count)
-    return f"{count / 1e9:.1f}B"
+def _billions(parameters: float) -> str:
+    return f"{parameters / 1e9:.1f}B"
 
 
 PREDICTIONS: Final = ("pred_step_time_s", "pred_tokens_per_s_per_gpu", "pred_mfu")

@@ -5,8 +5,9 @@ Every figure fitted on a model and scored on the same model flatters the code: a
 never one we fitted on. Here, for each model M of a published sweep in turn, the throughput
 coefficients are fitted on the other models' completed runs, the strategy's settings (the
 adaptive floor and band, or the shortlist's length) are chosen on replays of the other models
-only, and M is then replayed from those coefficients with those settings. Its prediction error and its economy are reported beside the in-sample ones
-(coefficients and settings chosen on every model, M included).
+only, and M is then replayed from those coefficients with those settings. Its prediction error
+and its economy are reported beside the in-sample ones (coefficients and settings chosen on
+every model, M included).
 
 How settings are chosen (`choose_params`), on a set of training models: every entry of the
 strategy's grid (`GRIDS`) is replayed on each training model alone, starting from coefficients

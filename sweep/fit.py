@@ -255,7 +255,7 @@ def _scored(b: Basis) -> np.ndarray:
     return (b.outcome == "success") & np.isfinite(m) & (m > 0) & b.estimated
 
 
-def _rank0_reserved(b: Basis, points: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def _measured_reserved(b: Basis, points: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """(P, m): the reserved peak predicted for the measured rank of the masked runs: rank 0, the
     first stage, unless `Basis.measured_loaded` says the most loaded stage, which is chosen at
     each point as `sweep.memory` chooses it (the larger total, fragmentation included)."""
@@ -283,7 +283,7 @@ def _evaluate(b: Basis, points: np.ndarray, errors: bool = True
     if not errors or not scored.any():
         return kept_frac, oom_pruned, nan, nan.copy(), nan.copy()
     measured = b.measured_reserved[scored]
-    err = np.abs(_rank0_reserved(b, points, scored) - measured) / measured
+    err = np.abs(_measured_reserved(b, points, scored) - measured) / measured
     return (kept_frac, oom_pruned, err.mean(axis=1), np.median(err, axis=1),
             np.quantile(err, 0.9, axis=1))
 
@@ -293,7 +293,7 @@ def _mean_error(b: Basis, points: np.ndarray) -> np.ndarray:
     peak over the successful runs (as `_evaluate`, without sorting for the quantiles)."""
     scored = _scored(b)
     measured = b.measured_reserved[scored]
-    return (np.abs(_rank0_reserved(b, points, scored) - measured) / measured).mean(axis=1)
+    return (np.abs(_measured_reserved(b, points, scored) - measured) / measured).mean(axis=1)
 
 
 def _gate_shortfall(b: Basis, points: np.ndarray, must_fit: Basis | None) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 `sweep plan --calibrate-from RUNS` corrects the memory model once, when asked. A search
 (`sweep run`/`sweep submit --strategy pruned|adaptive|shortlist`, the driver, `sweep resume` of a
-search) does it by itself: before its first round (from the attempts a sweep folder already holds, so a
-resumed search starts calibrated) and after every round, it fits the memory factor of
+search) does it by itself: before its first round (from the attempts a sweep folder already
+holds, so a resumed search starts calibrated) and after every round, it fits the memory factor of
 `sweep.self_calibration` on the sweep's own completed and OOM attempts and re-plans every
 candidate the memory rule judges (`self_calibration.replan`, band and probes included). A
 candidate the re-plan keeps joins the search (its run folder is rendered then); an untried one it

@@ -307,7 +307,7 @@ def test_the_allocator_fit_predicts_the_stage_judge_predicts(
     for point in (fit.Allocator(0.0, 0.0, 0.0, 0), fit.Allocator(0.5, 1.0, 1.0, 1024 * 2**20),
                   fit.Allocator(0.1, 0.4, 0.3, 192 * 2**20)):
         grid = np.array([[point.sequential, point.pipelined, point.logits, point.floor_bytes]])
-        fast = fit._rank0_reserved(b, grid, scored)[0]
+        fast = fit._measured_reserved(b, grid, scored)[0]
         real = memcheck.judge(sweep_runs, playbook, point.apply("nanotron")).pred_reserved_bytes
         assert np.allclose(fast, real[scored].to_numpy(), rtol=0, atol=8), point
 
@@ -315,8 +315,8 @@ def test_the_allocator_fit_predicts_the_stage_judge_predicts(
 def test_a_row_run_at_another_sequence_length_is_refused(tmp_path: Path, playbook: Spec) -> None:
     path = tmp_path / "runs.parquet"
     pd.DataFrame([_attempt(seq_len=4096), _attempt(seq_len=8192)]).to_parquet(path)
-    with pytest.raises(memcheck.RunsFileError,
-                       match=r"runs\.parquet: column 'seq_len' has \['8192'\] where the spec has 4096"):
+    wanted = r"runs\.parquet: column 'seq_len' has \['8192'\] where the spec has 4096"
+    with pytest.raises(memcheck.RunsFileError, match=wanted):
         memcheck.read_runs(path, playbook)
 
 
@@ -328,7 +328,8 @@ def test_a_playbook_table_imported_as_runs_parquet_scores_as_its_csv_does(
     and for the full table the allocator fit too."""
     out = tmp_path / "runs.parquet"
     assert main(["import-playbook", str(refdata / table), "--out", str(out)]) == 0
-    from_parquet, from_csv = memcheck.read_runs(out, playbook), memcheck.read_runs(refdata / table, playbook)
+    from_parquet = memcheck.read_runs(out, playbook)
+    from_csv = memcheck.read_runs(refdata / table, playbook)
     assert memcheck.score(from_parquet, playbook) == memcheck.score(from_csv, playbook)
     if table == FULL:
         assert fit.fit_allocator(from_parquet, playbook).allocator == \

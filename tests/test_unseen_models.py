@@ -31,7 +31,8 @@ def playbook(repo_root: Path) -> Spec:
 
 
 @pytest.mark.parametrize(("model", "inflation"), [("playbook-1b", 0.167), ("playbook-3b", 0.095)])
-def test_a_tied_models_pipeline_runs_count_the_vocabulary_twice(model: str, inflation: float) -> None:
+def test_a_tied_models_pipeline_runs_count_the_vocabulary_twice(model: str,
+                                                                 inflation: float) -> None:
     shape = get_model(model)
     single, piped = playbook_flops_per_token(shape, 4096, np.array([1, 2]))
     assert single == flops_per_token(shape, 4096, "full_attention")

@@ -9,8 +9,8 @@ A one-round sweep is first re-planned from its own attempts (`sweep.round_calibr
 first time are rendered and submitted with the rest. A detached search (`sweep submit --strategy
 pruned|adaptive|shortlist`) is resumed by its driver, which recalibrates before its first round:
 when the recorded driver died before the search ended, resume submits a new one, which adopts the
-runs in flight; while a driver is live, resume leaves the sweep to it. After the search, resume reruns
-failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
+runs in flight; while a driver is live, resume leaves the sweep to it. After the search, resume
+reruns failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
 (--max-gpu-hours, or the spec's max_gpu_hours) nothing is submitted that could exceed it. When it
 resubmits runs, a report job collects and reports again after them (`--no-report`: none).
 """

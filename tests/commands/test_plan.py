@@ -413,7 +413,8 @@ def test_runs_that_configure_the_caching_allocator_are_told_the_memory_model_did
                    "overrides:\n  - where: {mbs: 4}\n"
                    "    set: {env: {PYTORCH_CUDA_ALLOC_CONF: 'expandable_segments:True'}}\n")
     (tmp_path / "b").mkdir()
-    assert main(["plan", str(write_spec(tmp_path / "b", text)), "--out", str(tmp_path / "b" / "o")]) == 0
+    spec = write_spec(tmp_path / "b", text)
+    assert main(["plan", str(spec), "--out", str(tmp_path / "b" / "o")]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert printed.count("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") == 1
     assert ("was fitted on runs without it (nanotron's defaults), so the reserved peaks, and what "
