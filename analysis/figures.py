@@ -150,7 +150,8 @@ def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path) -> lis
     column = ranking_column(metric, convention)
     scale = 100.0 if metric == "mfu" else 1.0
     completed = runs[(runs["outcome"] == "completed") & runs[column].notna()]
-    failed = check_failures(completed).map(bool)
+    # bool dtype: an empty object Series would index columns, not rows
+    failed = check_failures(completed).map(bool).astype(bool)
     done, left_out = completed[~failed], completed[failed]
     placed = best.dropna(subset=["run_id"])
     winners = set(zip(placed["run_id"], placed["attempt"].astype(int)))

@@ -142,3 +142,14 @@ def test_a_sweep_whose_every_run_is_left_out_still_gets_its_report(cpu_runs, tmp
     index = html.unescape((report.out_dir / "index.html").read_text())
     assert "impossible#1 is left out of every ranking" in index
     assert (report.out_dir / "heatmap_best.svg").is_file()
+
+
+def test_a_sweep_in_which_no_run_completed_still_gets_its_report(cpu_runs, tmp_path) -> None:
+    """A first round on a new cluster where everything ran out of memory (seen on an H200: a
+    one-run sweep capped below its peak): the report draws empty cells and counts the failure,
+    it does not stop at the distribution figure."""
+    failed_only = cpu_runs[cpu_runs["outcome"] == "oom"]
+    assert len(failed_only) == 1
+    report = write_report(failed_only, tmp_path / "r")
+    assert (report.out_dir / "mfu_distribution.svg").is_file()
+    assert "oom" in (report.out_dir / "failures.md").read_text()
