@@ -12,6 +12,7 @@ PyTorch-on-CPU measurements (torch 2.13): `context_parallel()` has no CPU SDPA s
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -179,21 +180,72 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def init_weights(model: Transformer, seed: int) -> None:
-    """Deterministic initialisation from `seed`, parameter by parameter in name order.
+def layer_range(num_layers: int, stage: int, num_stages: int) -> range:
+    """Contiguous layers of one pipeline stage; the first stages take one more when it does not
+    divide."""
+    base, extra = divmod(num_layers, num_stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
 
-    Every layout builds the full model this way before splitting it, so all layouts start from
-    the same weights as the single process.
+
+def keep_stage(model: Transformer, stage: int, num_stages: int) -> Transformer:
+    """Drop, in place, what pipeline stage `stage` of `num_stages` does not run (names unchanged)."""
+    keep = {str(i) for i in layer_range(model.shape.num_layers, stage, num_stages)}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != num_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def build(shape: ModelShape, seed: int, device: torch.device | str = "cpu", *, stage: int = 0,
+          num_stages: int = 1) -> Transformer:
+    """What pipeline stage `stage` of `num_stages` runs, made on `device` and initialised.
+
+    Why not build the whole model and split it: every rank then made and drew every parameter of
+    the model in host memory, 4 bytes per parameter per rank. On an H200 node that was 18.4 s of
+    a 27.6 s start-up for a 1.2B model (benchmarks/cuda_workload.py), and a 70B model could not
+    start at all. The module tree is built on the meta device instead (no memory, no default
+    initialisation), the stage keeps its part, and only that part is materialised and drawn.
     """
-    generator = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        model = Transformer(shape)
+    if num_stages > 1:
+        keep_stage(model, stage, num_stages)
+    model.to_empty(device=device)
+    if shape.tie_word_embeddings and model.output is not None and model.tok_embeddings is not None:
+        model.output.weight = model.tok_embeddings.weight  # to_empty makes a new tensor of each
+    init_weights(model, seed)
+    return model
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """The seed of one parameter's generator: from the run's seed and the parameter's name."""
+    digest = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def init_weights(model: Transformer, seed: int) -> None:
+    """Deterministic initialisation from `seed`, each parameter from its own generator.
+
+    The generator is seeded by the parameter's name (`parameter_seed`), and names are global
+    (layers keep their index on every stage), so every layout and every pipeline stage draws the
+    same values for the same parameter, while a rank draws only what it holds. The values
+    depend on the device type (CPU and CUDA generators differ), never on the layout.
+    """
     with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
-            else:
-                std = INIT_STD / math.sqrt(2 * model.shape.num_layers) if name.endswith(
-                    ("wo.weight", "w2.weight")) else INIT_STD
-                param.copy_(torch.randn(param.shape, generator=generator) * std)
+                continue
+            std = INIT_STD / math.sqrt(2 * model.shape.num_layers) if name.endswith(
+                ("wo.weight", "w2.weight")) else INIT_STD
+            generator = torch.Generator(device=param.device).manual_seed(parameter_seed(seed, name))
+            param.normal_(0.0, std, generator=generator)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

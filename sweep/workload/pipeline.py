@@ -1,14 +1,14 @@
-"""Pipeline parallelism with torch.distributed.pipelining: stage split and schedule.
+"""Pipeline parallelism with torch.distributed.pipelining: stage placement and schedule.
 
 A layout's pp ranks hold pp·vpp stages. Single-stage schedules (1F1B, GPipe) give rank r stage r;
 interleaved 1F1B gives rank r the stages r, r+pp, r+2·pp, ... (looped placement). Micro-batches
 per step = grad_acc, each of mbs sequences; the schedule divides gradients by their number, so the
-step's gradient is the mean over the whole local batch, as without PP.
+step's gradient is the mean over the whole local batch, as without PP. What a stage holds is
+sweep.workload.model.keep_stage, which needs no pipelining import.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -23,7 +23,6 @@ from torch.distributed.pipelining.schedules import (
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from sweep.layout import Layout
-from sweep.workload.model import Transformer
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -54,28 +53,6 @@ def pipeline_problems(layout: Layout, num_layers: int, tied: bool) -> list[str]:
 
 def stage_indices(layout: Layout, pp_rank: int) -> list[int]:
     return [pp_rank + k * layout.pp for k in range(layout.vpp)]
-
-
-def layer_range(num_layers: int, stage: int, num_stages: int) -> range:
-    """Contiguous layers of one stage; the first stages take one more when it does not divide."""
-    base, extra = divmod(num_layers, num_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
-def split_stage(full: Transformer, stage: int, num_stages: int) -> Transformer:
-    """A copy of `full` that keeps only what `stage` runs (names unchanged)."""
-    part = copy.deepcopy(full)
-    keep = {str(i) for i in layer_range(full.shape.num_layers, stage, num_stages)}
-    for name in list(part.layers.keys()):
-        if name not in keep:
-            del part.layers[name]
-    if stage != 0:
-        part.tok_embeddings = None
-    if stage != num_stages - 1:
-        part.norm = None
-        part.output = None
-    return part
 
 
 def build_schedule(modules: list[torch.nn.Module], stages: list[int], layout: Layout,

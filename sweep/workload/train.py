@@ -23,7 +23,7 @@ from sweep.steady import EarlyStop, Window, last_window, steady_state
 from sweep.workload import metrics
 from sweep.workload.data import Batch, global_batch, local_slice
 from sweep.workload.memory_tracking import MemoryProbe, tracked_peak
-from sweep.workload.model import Transformer, cross_entropy, init_weights
+from sweep.workload.model import Transformer, build, cross_entropy
 from sweep.workload.parallel import (
     DataParallel,
     apply_context_parallel,
@@ -127,14 +127,13 @@ class Trainer:
         self.autocast = AUTOCAST.get(cfg.dtype)
         if device.type == "cuda" and cfg.dtype == "tf32":
             torch.backends.cuda.matmul.allow_tf32 = True
-        full = Transformer(cfg.model)
-        init_weights(full, self.seed)
-        self.stages, chunks = [0], [full]
+        self.stages = [0]
         if self.layout.pp > 1:
-            from sweep.workload.pipeline import split_stage, stage_indices
+            from sweep.workload.pipeline import stage_indices
 
             self.stages = stage_indices(self.layout, self.mesh.rank("pp"))
-            chunks = [split_stage(full, s, self.layout.pp * self.layout.vpp) for s in self.stages]
+        chunks = [build(cfg.model, self.seed, device, stage=s, num_stages=self.layout.pp * self.layout.vpp)
+                  for s in self.stages]
         self.wrappers = [self._wrap(chunk) for chunk in chunks]
         self.modules = [w.module for w in self.wrappers]
         self.optimizer = build_optimizer(self.modules, self.layout.zero_stage, self.mesh.dp_cp)

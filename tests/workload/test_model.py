@@ -1,4 +1,5 @@
-"""The decoder: exact parameter counts, causality, RoPE, GQA, tied embeddings, deterministic init."""
+"""The decoder: exact parameter counts, causality, RoPE, GQA, tied embeddings, deterministic init,
+and a pipeline stage built alone."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ import torch
 
 from sweep.catalog import get_model
 from sweep.model import count_parameters
-from sweep.workload.model import Transformer, apply_rope, cross_entropy, init_weights, rope_tables
+from sweep.workload.model import Transformer, apply_rope, build, cross_entropy, rope_tables
 
 
-def built(name: str, seed: int = 0) -> Transformer:
-    model = Transformer(get_model(name))
-    init_weights(model, seed)
-    return model
+def built(name: str, seed: int = 0, **stage: int) -> Transformer:
+    return build(get_model(name), seed, **stage)
 
 
 @pytest.mark.parametrize("name", ["tiny-4l", "tiny-gqa-4l"])
@@ -65,6 +64,29 @@ def test_init_is_deterministic_per_seed() -> None:
         assert torch.equal(pa, pb), name
         if not name.endswith("norm.weight"):
             assert not torch.equal(pa, pc), name
+
+
+def test_a_stage_built_alone_holds_only_its_part_with_the_whole_models_values() -> None:
+    """Each rank builds only its pipeline stage, and draws each parameter from a generator seeded
+    by the parameter's global name, so every layout starts from the same weights."""
+    whole = dict(built("tiny-4l", 7).named_parameters())
+    first = dict(built("tiny-4l", 7, stage=0, num_stages=2).named_parameters())
+    last = dict(built("tiny-4l", 7, stage=1, num_stages=2).named_parameters())
+    assert {n.split(".")[1] for n in first if n.startswith("layers.")} == {"0", "1"}
+    assert {n.split(".")[1] for n in last if n.startswith("layers.")} == {"2", "3"}
+    assert "tok_embeddings.weight" in first and "output.weight" not in first
+    assert "output.weight" in last and "tok_embeddings.weight" not in last
+    assert set(first) | set(last) == set(whole) and not set(first) & set(last)
+    for name, value in (first | last).items():
+        assert torch.equal(value, whole[name]), name
+
+
+def test_the_build_keeps_a_tied_embedding_tied_and_the_init_scale() -> None:
+    tied = built("tiny-gqa-4l")
+    assert tied.output.weight is tied.tok_embeddings.weight
+    std = tied.layers["0"].attention.wq.weight.std().item()
+    assert std == pytest.approx(0.02, rel=0.05)
+    assert not any(p.is_meta for p in tied.parameters())
 
 
 def test_the_initial_loss_is_about_log_vocab() -> None:

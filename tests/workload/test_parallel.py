@@ -19,7 +19,7 @@ import pytest
 
 from sweep.catalog import get_model
 from sweep.workload.data import global_batch
-from sweep.workload.model import Transformer, cross_entropy, init_weights
+from sweep.workload.model import build, cross_entropy
 from tests.workload.conftest import (
     EIGHT_RANK_LAYOUTS,
     FOUR_RANK_LAYOUTS,
@@ -65,8 +65,7 @@ def test_unsynchronised_gradients_are_caught(two_rank: dict[str, LayoutRun],
 def plain_gradient_norms(model: str) -> dict[str, float]:
     """The first step's gradients without torch.distributed: the whole global batch in one pass."""
     shape = get_model(model)
-    net = Transformer(shape)
-    init_weights(net, 1234)
+    net = build(shape, 1234)
     batch = global_batch(1234, 1, 4, 64, shape.vocab_size)
     cross_entropy(net(batch.inputs), batch.labels).backward()
     return {name: p.grad.norm().item() for name, p in net.named_parameters()}

@@ -6,8 +6,8 @@ import pytest
 
 from sweep.catalog import get_model
 from sweep.layout import Layout
-from sweep.workload.model import Transformer
-from sweep.workload.pipeline import layer_range, pipeline_problems, split_stage, stage_indices
+from sweep.workload.model import Transformer, keep_stage, layer_range
+from sweep.workload.pipeline import pipeline_problems, stage_indices
 
 
 @pytest.mark.parametrize(("layers", "stages"), [(4, 2), (4, 4), (5, 2), (7, 3), (8, 8)])
@@ -23,12 +23,11 @@ def test_interleaved_stages_are_looped_over_ranks() -> None:
 
 
 def test_a_stage_keeps_its_layers_under_their_global_names() -> None:
-    full = Transformer(get_model("tiny-4l"))
-    first, last = split_stage(full, 0, 2), split_stage(full, 1, 2)
+    first = keep_stage(Transformer(get_model("tiny-4l")), 0, 2)
+    last = keep_stage(Transformer(get_model("tiny-4l")), 1, 2)
     assert list(first.layers) == ["0", "1"] and list(last.layers) == ["2", "3"]
     assert first.tok_embeddings is not None and first.output is None and first.norm is None
     assert last.tok_embeddings is None and last.output is not None and last.norm is not None
-    assert list(full.layers) == ["0", "1", "2", "3"]  # the full model is untouched
 
 
 @pytest.mark.parametrize(("layout", "tied", "message"), [
