@@ -186,9 +186,16 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return masks
 
 
+def _one_layer_at_a_time(masks: Mapping[str, np.ndarray], prof: MemoryProfile) -> np.ndarray:
+    """Rows whose layers are recomputed in backward, one layer at a time: full recomputation, and
+    selective where the profile's selective policy recomputes more than the attention scores."""
+    return masks["full"] | (masks["selective"] & (prof.selective_keeps == "matmul_outputs"))
+
+
 def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.ndarray],
                  f64: Mapping[str, np.ndarray], sp: np.ndarray, single: np.ndarray, n_first: np.ndarray,
-                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool) -> tuple[np.ndarray, ...]:
+                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool, autocast: bool
+                 ) -> tuple[np.ndarray, ...]:
     """Activation and logits bytes on one rank of the first and of the last stage, and the
     micro-batches each holds in flight."""
     tp, pp, cp, mbs, ga, vpp = (f64[k] for k in ("tp", "pp", "cp", "mbs", "grad_acc", "vpp"))
@@ -199,15 +206,27 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
     ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
     r = max(prof.residual_bytes, a)  # the residual stream: what the norms save, the layer input
-    # per token and layer: 2 norm inputs + 2 linear inputs (h each), q, k, v, attention output, FFN
-    per_token_layer = ((2 * r + 2 * a) * h / sp_div + a * (2 * q + 2 * kv + ffn_saved * k * ffn) / tp
+    norm = (2.0 if prof.norm_saves_output else 1.0) * r  # per norm
+    # a profile whose linears read their input through autocast's casts (one per linear) saves
+    # one per norm without it: the linears after a norm share its output
+    copies = 2 if prof.autocast_weight_bytes and not autocast else prof.linear_input_copies
+    kv_saved = q if prof.kv_saved_at_query_width else kv
+    # per token and layer: 2 norms, the linears' normed inputs (h each), q, k, v, attention output,
+    # FFN
+    per_token_layer = ((2 * norm + copies * a) * h / sp_div
+                       + a * (2 * q + 2 * kv_saved + ffn_saved * k * ffn) / tp
                        + (a * 2 * h * k / sp_div if model.is_moe else 0.0))  # MoE: permuted tokens
     if not prof.flash_attention:  # attention scores and softmax, unless recomputed
         per_token_layer = per_token_layer + np.where(
             masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
-    full = masks["full"]  # keeps each layer's input; recomputes one layer at a time in backward
-    stored_per_layer = np.where(full, r * h / sp_div, per_token_layer) * tokens
-    working_layer = np.where(full, per_token_layer * tokens, 0.0)
+    # full: keeps each layer's input and recomputes one layer at a time in backward; selective
+    # under "matmul_outputs" also keeps the q, k, v, attention, output-projection and MLP matmul
+    # outputs (the two that end in a reduction are hidden-wide)
+    one_at_a_time = _one_layer_at_a_time(masks, prof)
+    matmul_outputs = r * h / sp_div + a * ((2 * q + 2 * kv + 2 * k * ffn) / tp + 2 * h / sp_div)
+    stored = np.where(masks["full"], r * h / sp_div, np.where(one_at_a_time, matmul_outputs, per_token_layer))
+    stored_per_layer = stored * tokens
+    working_layer = np.where(one_at_a_time, per_token_layer * tokens, 0.0)
     head_inputs = (r + a) * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
 
     # micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the last;
@@ -267,19 +286,25 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     bucket_b = np.where((replicas > 1) & (zero <= 1), in_dtype(prof.ddp_bucket_bytes), 0.0)
     o_b = (0.0 if full_precision else prof.master_bytes) + prof.optimizer_bytes
 
+    # gradients that do not exist yet at the activation peak (made in the backward that follows)
+    grads_later = np.where(prof.grads_freed_each_step & (f64["grad_acc"] == 1), 1.0, 0.0)
+
     def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
         def sharded(bytes_pp, from_stage):
             on = zero >= from_stage
             return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
         weights = sharded(w_b, prof.weights_shard_from_zero)
-        grads = sharded(g_b, 2) + bucket_b * (p_dense + p_expert)
+        param_grads = sharded(g_b, 2)
+        grads = param_grads * (1.0 - grads_later) + bucket_b * (p_dense + p_expert)
         optim = sharded(o_b, 1)
         gather = np.where((zero >= 1) & (n_dense > 1),
                           prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
-        return weights, grads, optim, gather
+        # what the optimizer step needs beyond the activation peak's state: the gradients made after
+        # it, and the ZeRO-1 all-gather
+        return weights, grads, optim, gather + param_grads * grads_later
 
     act_first, act_last, logits_first, logits, first_mb, last_mb = _activations(
-        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu)
+        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu, not full_precision)
 
     # --- fixed buffers and runtime
     tokens = f64["mbs"] * seq_len / cp
@@ -287,8 +312,10 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
     overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
 
-    def stage_total(p_dense, p_expert, act, lg, in_flight):
-        weights, grads, optim, gather = state(p_dense, p_expert)
+    recomputed = _one_layer_at_a_time(masks, prof)
+
+    def stage_total(p_dense, p_expert, act, lg, in_flight, head_params):
+        weights, grads, optim, step_needs = state(p_dense, p_expert)
         layer_params = (dense_per_layer + expert_per_layer / ep) / tp
         fsdp = 0.0
         if prof.fsdp_unsharded_layers:
@@ -296,20 +323,22 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
                 zero == 2, p_dense + p_expert,
                 np.where(zero >= 3, prof.fsdp_unsharded_layers * layer_params, 0.0))
         # autocast's weight casts live from each layer's forward to its backward (one layer at a
-        # time under full recomputation)
-        casts = prof.autocast_weight_bytes * np.where(masks["full"], layer_params, p_dense + p_expert)
-        step_extra = np.maximum(gather - (act + lg + casts), 0.0)
+        # time where layers are recomputed; the LM head, never recomputed, keeps its own)
+        casts = (0.0 if full_precision else prof.autocast_weight_bytes) * np.where(
+            recomputed, layer_params + head_params, p_dense + p_expert)
+        step_extra = np.maximum(step_needs - (act + lg + casts), 0.0)
         buffers = buffers_fixed + fsdp + casts + step_extra
         frag = (prof.fragmentation_sequential * act / in_flight
                 + prof.fragmentation_pipelined * act * (1.0 - 1.0 / in_flight)
                 + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)
         comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
                  "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
-        step = weights + grads + optim + buffers_fixed + gather  # gathered bf16 copies are freed by then
+        step = weights + grads + optim + buffers_fixed + step_needs  # gathered bf16 copies are freed by then
         return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
 
-    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb)
-    last, step_last = stage_total(dense_last, expert_last, act_last, logits, last_mb)
+    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb,
+                                    np.where(single, head, 0.0))
+    last, step_last = stage_total(dense_last, expert_last, act_last, logits, last_mb, head)
     total_first = sum(first.values())
     total_last = sum(last.values())
     if stage == "first":

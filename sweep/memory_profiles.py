@@ -97,6 +97,18 @@ class MemoryProfile:
     # --- activations and logits ---
     flash_attention: bool = True  # no s^2 attention-score tensors
     residual_bytes: float = 2.0  # bytes per element of the residual stream the two norms save
+    # What a layer saves for backward beyond that (defaults: a fused norm hands one bf16 output to
+    # the linears that read it, attention saves K/V at their own width):
+    norm_saves_output: bool = False  # the norm's scaled output is saved too (a plain `x * weight`)
+    linear_input_copies: int = 2  # copies of the normed input the linears save (per cast, if unfused)
+    kv_saved_at_query_width: bool = False  # K/V repeated to every query head before attention
+    # "attention_scores": selective recomputation drops the s² attention tensors only (Megatron),
+    # nothing under flash attention; "matmul_outputs": it keeps the matmul and attention outputs
+    # and recomputes the rest of the layer (torch's selective activation checkpointing)
+    selective_keeps: str = "attention_scores"
+    # zero_grad(set_to_none=True): with one micro-batch per step the gradients are made during
+    # backward, after the activation peak (the logits' backward), so that peak holds none of them
+    grads_freed_each_step: bool = False
     logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
     tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
     workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
@@ -147,6 +159,14 @@ BUILTIN: Final = MemoryProfile(
     weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
     optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
     fsdp_gathered_bytes=4.0, autocast_weight_bytes=2.0, residual_bytes=4.0, stage_split="even",
+    # Counted from what sweep.workload.model saves (tests/workload/test_saved_activations.py
+    # measures it): RMSNorm keeps its fp32 input and its fp32 output (the `* weight` saves it);
+    # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to
+    # the query heads before SDPA; the "op" checkpointing policy keeps every mm and attention
+    # output; cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients
+    # beside it (12 bytes per logit); the optimizer sets param.grad to None after each step.
+    norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
+    selective_keeps="matmul_outputs", logits_bytes_per_element=12.0, grads_freed_each_step=True,
 )
 
 # Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,

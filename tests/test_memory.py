@@ -203,12 +203,20 @@ def test_fsdp_shards_its_fp32_params_and_keeps_bf16_compute_copies():
 
 def test_builtin_workload_keeps_fp32_params_grads_and_ddp_buckets_and_autocast_casts():
     """sweep.workload: fp32 params, param.grad and DDP's own buckets (ZeRO <= 1), AdamW moments;
-    autocast's bf16 weight casts live until backward; FSDP2 gathers fp32 (no mixed-precision policy)."""
+    autocast's bf16 weight casts live until backward; FSDP2 gathers fp32 (no mixed-precision policy).
+    param.grad is set to None after each step, so with one micro-batch the activation peak (the
+    logits' backward) holds only DDP's buckets; the gradients count at the optimizer step."""
     p = count_parameters(EIGHT_B).total
-    ddp = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1), seq_len=4096, profile="builtin").components
+    accumulating = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1, grad_acc=2), seq_len=4096,
+                            profile="builtin")
+    ddp = accumulating.components
     assert (ddp["weights"], ddp["gradients"], ddp["optimizer"]) == (4 * p, 8 * p, 8 * p)
     assert ddp["buffers"] >= 2 * p
-    fsdp = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1, zero_stage=2), seq_len=4096,
+    one = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1), seq_len=4096, profile="builtin")
+    assert one.components["gradients"] == 4 * p  # the buckets only
+    assert one.step_allocated_bytes == accumulating.step_allocated_bytes >= 16 * p
+    assert one.allocated_bytes >= one.step_allocated_bytes
+    fsdp = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=1, zero_stage=2, grad_acc=2), seq_len=4096,
                     profile="builtin").components
     assert fsdp["weights"] + fsdp["gradients"] + fsdp["optimizer"] == pytest.approx(16 * p / 8, rel=1e-9)
     assert fsdp["buffers"] - ddp["buffers"] == pytest.approx(4 * p, rel=1e-9)  # the fp32 gathers
