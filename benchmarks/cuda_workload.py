@@ -1,0 +1,243 @@
+"""The built-in workload on a real CUDA GPU: the main job end to end, and the memory model against
+the peaks `torch.cuda` measured.
+
+Needs one CUDA GPU and no Slurm; CI has no GPU and never runs it. It writes a one-GPU spec (the
+built-in workload, bf16, one node of one GPU, by default two models at the playbook's sequence
+length, micro-batch 1 and 4, each recomputation mode), runs it with `sweep run --slots 1` (the
+local backend: every rendered job.sbatch under the watchdog, one at a time, collect, report),
+then `sweep memory-check` on the sweep's runs.parquet. It prints, per run, the memory model's
+allocated and reserved peaks beside the measured ones (`torch.cuda.max_memory_allocated` and
+`max_memory_reserved`, sampled at every step), the steady-state step time and MFU.
+
+It also measures what the memory model adds outside the caching allocator (`cuda_context_bytes`
+and `nccl_bytes_per_group` of sweep.memory_profiles): a fresh process brings up a one-rank NCCL
+group, runs an all-reduce, a bf16 GEMM and flash attention, and reports the device memory in use
+(cudaMemGetInfo) less what the allocator reserved. With one rank NCCL sets up no peer
+connections, so this is a lower bound of a multi-GPU job's overhead.
+
+    python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...]
+
+The last line holds the headline figures as key=value pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+GIB = float(1 << 30)
+
+OUTSIDE_ALLOCATOR_PROBE = textwrap.dedent("""
+    import json, os, torch, torch.distributed as dist
+    import torch.nn.functional as F
+    torch.cuda.set_device(0)
+    free0, total = torch.cuda.mem_get_info()
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    dist.all_reduce(x)
+    y = x @ x
+    q = torch.randn(1, 32, 4096, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
+    print(json.dumps({"device_used_before_bytes": total - free0, "device_used_bytes": total - free,
+                      "reserved_bytes": reserved, "outside_allocator_bytes": total - free - reserved,
+                      "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}))
+    dist.destroy_process_group()
+""")
+
+
+def catalog_gpu() -> str:
+    """The catalog name of GPU 0, so that MFU divides by its dense peak."""
+    import torch
+
+    from sweep.catalog import CatalogError, get_gpu
+
+    if not torch.cuda.is_available():
+        sys.exit(f"cuda_workload: needs a CUDA GPU; torch {torch.__version__} sees none")
+    device = torch.cuda.get_device_name(0)
+    for name in (device, device.removeprefix("NVIDIA ")):
+        try:
+            return get_gpu(name).name
+        except CatalogError:
+            continue
+    sys.exit(f"cuda_workload: GPU {device!r} is not in sweep/catalog/gpus.yaml; pass --gpu NAME")
+
+
+def write_spec(path: Path, args: argparse.Namespace, gpu: str, *, models: list[str] | None = None,
+               mbs: list[int] | None = None, recompute: list[str] | None = None,
+               overrides: list[dict[str, object]] | None = None) -> None:
+    spec: dict[str, object] = {
+        "name": path.stem,
+        "framework": "builtin",
+        "gpu": gpu,
+        "gpus_per_node": 1,
+        "dtype": args.dtype,
+        "models": models or args.models,
+        "nodes": [1],
+        "seq_len": args.seq_len,
+        "global_batch": {"sequences": args.global_batch},
+        "axes": {"tp": [1], "pp": [1], "mbs": mbs or args.mbs, "zero_stage": [0],
+                 "recompute": recompute or args.recompute},
+        "run": {"steps": args.steps, "warmup_steps": args.warmup, "time_limit": "00:06:00",
+                "startup_timeout_s": 240, "hang_timeout_s": 180, "signal_before_s": 20,
+                "exclusive": False},
+    }
+    if overrides:
+        spec["overrides"] = overrides
+    import yaml
+
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+
+
+def sweep_cli(*argv: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sweep.cli", *argv]
+    print("$", " ".join(command), flush=True)
+    return subprocess.run(command, cwd=REPO, text=True, check=False,
+                          capture_output=capture)
+
+
+def outside_allocator() -> dict[str, float]:
+    done = subprocess.run([sys.executable, "-c", OUTSIDE_ALLOCATOR_PROBE], text=True,
+                          capture_output=True, check=False, timeout=300)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return {}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def per_run(runs: pd.DataFrame) -> pd.DataFrame:
+    table = pd.DataFrame({
+        "model": runs["model"], "mbs": runs["mbs"], "grad_acc": runs["grad_acc"],
+        "recompute": runs["recompute"], "outcome": runs["outcome"],
+        "alloc_pred_gib": runs["mem_predicted_allocated_bytes"] / GIB,
+        "alloc_meas_gib": runs["mem_allocated_bytes"] / GIB,
+        "resv_pred_gib": runs["mem_predicted_reserved_bytes"] / GIB,
+        "resv_meas_gib": runs["mem_reserved_bytes"] / GIB,
+        "step_s": runs["step_time_mean_s"], "steps_avg": runs["step_time_n"],
+        "tok_s_gpu": runs["tokens_per_sec_per_gpu"], "mfu": runs["mfu_full_attention"],
+    })
+    table["alloc_err"] = table.alloc_pred_gib / table.alloc_meas_gib - 1.0
+    table["resv_err"] = table.resv_pred_gib / table.resv_meas_gib - 1.0
+    return table.sort_values(["model", "recompute", "mbs"]).reset_index(drop=True)
+
+
+def capped_run(args: argparse.Namespace, gpu: str, table: pd.DataFrame) -> dict[str, object]:
+    """The largest micro-batch of the first model, capped at half its measured allocated peak
+    (`rank_memory_limit_mb`: the caching allocator's per-process fraction): it must end `oom`,
+    with the allocator's own message as evidence."""
+    model, mbs = args.models[0], max(args.mbs)
+    row = table[(table.model == model) & (table.mbs == mbs) & (table.recompute == "none")]
+    if row.empty or not np.isfinite(row.alloc_meas_gib.iloc[0]):
+        return {"skipped": f"no measured peak of {model} mbs {mbs} recompute none"}
+    cap_mb = int(row.alloc_meas_gib.iloc[0] * 1024 / 2)
+    spec = args.out / "cuda-capped.yaml"
+    write_spec(spec, args, gpu, models=[model], mbs=[mbs], recompute=["none"],
+               overrides=[{"where": {"model": model}, "set": {"rank_memory_limit_mb": cap_mb}}])
+    sweep_cli("run", str(spec), "--out", str(args.out / "capped"), "--slots", "1")
+    runs_file = args.out / "capped" / "runs.parquet"
+    if not runs_file.is_file():
+        return {"error": f"no {runs_file}"}
+    capped = pd.read_parquet(runs_file).iloc[0]
+    return {"cap_mb": cap_mb, "outcome": capped["outcome"], "reason": capped["reason"],
+            "rule": capped["rule"], "evidence": list(capped["evidence"])[:3]}
+
+
+def memtrack_breakdowns(args: argparse.Namespace, runs: pd.DataFrame) -> dict[str, object]:
+    """One step of the first model's largest micro-batch (no recomputation, and full) under
+    PyTorch's MemTracker: the peak per category (parameters, gradients, optimizer state,
+    activations, temporaries), to set beside the memory model's components."""
+    model, mbs = args.models[0], max(args.mbs)
+    found: dict[str, object] = {}
+    for recompute in ("none", "full"):
+        pick = runs[(runs.model == model) & (runs.mbs == mbs) & (runs.recompute == recompute)]
+        if pick.empty:
+            continue
+        run_id = str(pick.run_id.iloc[0])
+        source = json.loads((args.out / "sweep" / "runs" / run_id / "run.json").read_text())
+        source["settings"].update(steps=2, warmup_steps=0)
+        run_dir = args.out / "memtrack" / run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.json").write_text(json.dumps(source), encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "sweep.workload", "--run-dir", str(run_dir),
+                               "--memtrack"], cwd=REPO, text=True, capture_output=True,
+                              check=False, timeout=600)
+        tracked = run_dir / "memtrack.json"
+        if done.returncode != 0 or not tracked.is_file():
+            found[recompute] = {"error": done.stderr[-2000:]}
+            continue
+        found[recompute] = {"run_id": run_id, **json.loads(tracked.read_text())}
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "cuda-workload")
+    parser.add_argument("--gpu", default=None, help="catalog GPU name (default: GPU 0's)")
+    parser.add_argument("--models", nargs="+", default=["llama-3.2-1b", "playbook-3b"])
+    parser.add_argument("--mbs", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--recompute", nargs="+", default=["none", "selective", "full"])
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--global-batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args(argv)
+    gpu = args.gpu or catalog_gpu()
+    args.out.mkdir(parents=True, exist_ok=True)
+    spec = args.out / "cuda-workload.yaml"
+    write_spec(spec, args, gpu)
+    outside = outside_allocator() if gpu != "cpu" else {}  # first: seconds, and nothing else on the GPU
+    began = time.perf_counter()
+    sweep_cli("run", str(spec), "--out", str(args.out / "sweep"), "--slots", "1")
+    sweep_s = time.perf_counter() - began
+    runs_file = args.out / "sweep" / "runs.parquet"
+    if not runs_file.is_file():
+        print(f"cuda_workload: no {runs_file}; the sweep did not collect", file=sys.stderr)
+        return 1
+    check = sweep_cli("memory-check", str(runs_file), "--spec", str(spec), "--json", capture=True)
+    print(check.stdout, check.stderr, sep="\n")
+    scores = json.loads(check.stdout) if check.returncode == 0 and check.stdout.strip() else {}
+    runs = pd.read_parquet(runs_file)
+    table = per_run(runs)
+    oom = capped_run(args, gpu, table)
+    breakdown = memtrack_breakdowns(args, runs)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        print(table.to_string(float_format=lambda v: f"{v:.4f}"))
+    print(json.dumps({"outside_allocator": outside, "memory_check": scores, "capped_run": oom,
+                      "memtrack": breakdown}, indent=1))
+    (args.out / "summary.json").write_text(json.dumps({
+        "gpu": gpu, "torch": runs["torch_version"].dropna().unique().tolist(),
+        "runs": table.to_dict(orient="records"), "outside_allocator": outside,
+        "memory_check": scores, "capped_run": oom, "memtrack": breakdown, "sweep_s": sweep_s},
+        indent=1, default=float), encoding="utf-8")
+    done = table[table.outcome == "completed"]
+    alloc, resv = done.alloc_err.abs(), done.resv_err.abs()
+    headline = {
+        "gpu": gpu, "runs": len(table), "completed": len(done),
+        "alloc_median_abs_err": float(np.median(alloc)) if len(done) else float("nan"),
+        "alloc_max_abs_err": float(alloc.max()) if len(done) else float("nan"),
+        "reserved_median_abs_err": float(np.median(resv)) if len(done) else float("nan"),
+        "reserved_max_abs_err": float(resv.max()) if len(done) else float("nan"),
+        "mfu_best": float(done.mfu.max()) if len(done) else float("nan"),
+        "outside_allocator_gib": outside.get("outside_allocator_bytes", float("nan")) / GIB,
+        "sweep_s": sweep_s,
+    }
+    print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in headline.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
