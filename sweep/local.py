@@ -9,7 +9,10 @@ after KillWait) and --signal=B:USR1@s. Emulated nodes are loopback addresses (12
 MASTER_ADDR, taken from the node list, resolves and every node name is distinct.
 
 Concurrency is capped by CPU slots: a job needs nodes x ranks-per-node slots; a job larger
-than the machine runs alone. A job ends with an accounting record, `local_sacct.json` in its
+than the machine runs alone. Given this machine's GPUs (`gpus`), a job whose runs use GPUs also
+takes nodes x GPUs-per-node of them, and waits until that many are free: each emulated node sees
+only its own through CUDA_VISIBLE_DEVICES (`NODE_GPUS_ENV`, which the srun stand-in reads), as a
+Slurm node would, so two jobs, or two emulated nodes of one job, never share a GPU. A job ends with an accounting record, `local_sacct.json` in its
 attempt folder (what sacct would say: state, exit code, times), because a job killed at its
 time limit writes no status.json.
 
@@ -151,11 +154,21 @@ class LocalResult:
     outcome: str | None  # status.json's outcome, when the watchdog wrote one
 
 
+# The GPUs of each emulated node of a job, "0,1;2,3": node i's CUDA_VISIBLE_DEVICES is the i-th.
+NODE_GPUS_ENV = "SWEEP_LOCAL_NODE_GPUS"
+
+
+class NotEnoughGpus(ValueError):
+    """A run needs more GPUs than this machine has; the message names the run and the fix."""
+
+
 @dataclass
 class _Job:
     run_dir: Path
     run_id: str
     slots: int
+    gpus_needed: int = 0
+    gpu_ids: list[str] = field(default_factory=list)
     job_id: int = 0
     attempt_dir: Path = Path()
     process: subprocess.Popen[bytes] | None = None
@@ -177,8 +190,12 @@ class LocalBackend:
     def __init__(self, slots: int | None = None, *, kill_wait_s: float = DEFAULT_KILL_WAIT_S,
                  poll_s: float = 0.2, on_start: Callable[[Path, int], None] | None = None,
                  on_finish: Callable[[LocalResult], None] | None = None,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 gpus: Sequence[str] | None = None) -> None:
         self.slots = slots or os.cpu_count() or 1
+        # this machine's GPUs (CUDA_VISIBLE_DEVICES entries); None: GPUs are not handed out
+        self.gpus = list(gpus) if gpus is not None else None
+        self._free_gpus = list(self.gpus or [])
         self.kill_wait_s = kill_wait_s
         self.poll_s = poll_s
         self.on_start, self.on_finish = on_start, on_finish
@@ -205,8 +222,11 @@ class LocalBackend:
         finish the jobs whose processes are all gone (with their accounting records). Returns
         the results of the jobs that ended in this poll."""
         used = sum(job.slots for job in self._running)
-        while self._queue and (not self._running or used + self._queue[0].slots <= self.slots):
+        while self._queue and (not self._running or used + self._queue[0].slots <= self.slots) \
+                and self._queue[0].gpus_needed <= len(self._free_gpus):
             job = self._queue.pop(0)
+            job.gpu_ids = self._free_gpus[:job.gpus_needed]
+            del self._free_gpus[:job.gpus_needed]
             self._start(job, self._shims())
             self._running.append(job)
             used += job.slots
@@ -289,8 +309,15 @@ class LocalBackend:
         if not script.is_file():
             raise FileNotFoundError(f"{script} does not exist; run `sweep render` first")
         config = load_run(run_dir)
-        return _Job(run_dir=run_dir.resolve(), run_id=config.run_id,
-                    slots=config.nodes * config.gpus_per_node)
+        ranks = config.nodes * config.gpus_per_node
+        gpus_needed = ranks if self.gpus is not None and config.gpu.lower() != "cpu" else 0
+        if self.gpus is not None and gpus_needed > len(self.gpus):
+            raise NotEnoughGpus(
+                f"{run_dir}: needs {gpus_needed} GPUs ({config.nodes} node(s) × "
+                f"{config.gpus_per_node}), and this machine has {len(self.gpus)}; plan fewer "
+                "nodes or GPUs per node for a local run, or submit to a cluster")
+        return _Job(run_dir=run_dir.resolve(), run_id=config.run_id, slots=ranks,
+                    gpus_needed=gpus_needed)
 
     def _start(self, job: _Job, shims: Path) -> None:
         script = job.run_dir / JOB_FILE
@@ -343,6 +370,11 @@ class LocalBackend:
             "SWEEP_ATTEMPT": job.attempt_dir.name, "SWEEP_RUN_ID": job.run_id,
             "SWEEP_BACKEND": "local",
         })
+        if job.gpu_ids:
+            per_node = len(job.gpu_ids) // len(job.nodes)
+            node_gpus = [job.gpu_ids[i * per_node:(i + 1) * per_node] for i in range(len(job.nodes))]
+            env[NODE_GPUS_ENV] = ";".join(",".join(ids) for ids in node_gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(node_gpus[0])  # the batch shell runs on node 0
         env.update(self.extra_env)
         return env
 
@@ -437,6 +469,8 @@ class LocalBackend:
             "NNodes": len(job.nodes), "Timelimit_s": job.time_limit_s
             if job.time_limit_s != float("inf") else None,
             "End": time.time(), "backend": "local", "run_id": job.run_id})
+        self._free_gpus += job.gpu_ids
+        job.gpu_ids = []
         status = read_json(job.attempt_dir / STATUS_FILE) or {}
         result = LocalResult(run_id=job.run_id, run_dir=job.run_dir, attempt_dir=job.attempt_dir,
                              job_id=job.job_id, state=state, exit_code=exit_code,

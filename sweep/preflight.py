@@ -215,19 +215,26 @@ def _cancel(job_id: str) -> None:
 
 # The compute node ----------------------------------------------------------------------------
 
-def visible_gpus() -> int:
-    """GPUs this job can use: CUDA_VISIBLE_DEVICES when Slurm set it, else nvidia-smi's list."""
+def visible_gpu_ids() -> list[str]:
+    """GPUs this process can use, as CUDA_VISIBLE_DEVICES names them: its own entries when set
+    (by Slurm, or by hand), else the indices of nvidia-smi's list; none without nvidia-smi."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
+        return [d.strip() for d in visible.split(",") if d.strip()]
     if shutil.which("nvidia-smi") is None:
-        return 0
+        return []
     try:
         done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
                               check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+        return []
+    count = sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+    return [str(index) for index in range(count)]
+
+
+def visible_gpus() -> int:
+    """How many GPUs this job can use (`visible_gpu_ids`)."""
+    return len(visible_gpu_ids())
 
 
 def node_check(framework: str, want: str, framework_dir: str | None,

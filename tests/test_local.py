@@ -73,6 +73,13 @@ def test_sbatch_directives_stop_at_the_first_command() -> None:
     assert local.filename_pattern("/x/slurm-%j.%x.out", 42, "name", "n1") == "/x/slurm-42.name.out"
 
 
+def test_the_srun_shim_gives_each_node_its_own_gpus() -> None:
+    env = {local.NODE_GPUS_ENV: "3,4;5,6", "CUDA_VISIBLE_DEVICES": "3,4"}
+    nodes = ["127.0.0.1", "127.0.0.2"]
+    assert [srun.task_env(env, nodes, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["3,4", "5,6"]
+    assert "CUDA_VISIBLE_DEVICES" not in srun.task_env({}, nodes, 1)
+
+
 def test_srun_shim_refuses_what_it_cannot_emulate() -> None:
     env = {"SLURM_JOB_NODELIST": "127.0.0.1,127.0.0.2", "SLURM_NNODES": "2"}
     assert srun.parse(["--kill-on-bad-exit=1", "-N", "2", "true"], env).kill_on_bad_exit
@@ -153,6 +160,53 @@ def test_concurrency_is_capped_by_cpu_slots(tmp_path: Path) -> None:
     assert len(spans) == 3 and all(r.state == "COMPLETED" for r in results)
     for (_, end), (start, _) in zip(spans, spans[1:]):
         assert start >= end, f"jobs overlapped: {spans}"
+
+
+def gpu_run(tmp_path: Path, body: str, nodes: int = 1, mbs: int = 1) -> Path:
+    """A run whose spec asks for GPUs (rendering needs none) and whose job.sbatch is `body`."""
+    [run_dir] = render_runs(parse_spec(SPEC.replace("gpu: cpu", "gpu: h100-sxm")),
+                            pd.DataFrame([plan_row(nodes, mbs)]), tmp_path)
+    script = f"#!/bin/bash\n#SBATCH --nodes={nodes}\nset -euo pipefail\n"
+    (run_dir / "job.sbatch").write_text(script + textwrap.dedent(body))
+    return run_dir
+
+
+def test_each_gpu_job_and_each_of_its_nodes_gets_gpus_of_its_own(tmp_path: Path) -> None:
+    """On a GPU machine, jobs of two GPUs per node: an emulated node sees only its own GPUs
+    (CUDA_VISIBLE_DEVICES, as under Slurm), jobs running at once never share one, and a job
+    waits for free GPUs rather than CPU slots. The five "GPUs" are the ids the backend is given
+    (what `sweep run` reads from CUDA_VISIBLE_DEVICES or nvidia-smi); nothing here touches one."""
+    body = """
+        srun bash -c 'echo "$(date +%s.%N) $SLURM_NODEID $CUDA_VISIBLE_DEVICES" \\
+          >> "$SWEEP_ATTEMPT_DIR/gpus"; sleep 0.6; date +%s.%N > "$SWEEP_ATTEMPT_DIR/end$SLURM_NODEID"'
+        """
+    runs = [gpu_run(tmp_path / str(k), body, mbs=m) for k, m in enumerate((1, 2, 4))]
+    runs.append(gpu_run(tmp_path / "two-node", body, nodes=2))
+    backend = local.LocalBackend(slots=64, poll_s=0.05, gpus=["0", "1", "2", "3", "4"])
+    results = backend.run(runs)
+    assert sorted(r.state for r in results) == ["COMPLETED"] * 4
+    spans = []
+    for result in results:
+        lines = [line.split() for line in (result.attempt_dir / "gpus").read_text().splitlines()]
+        start = min(float(line[0]) for line in lines)
+        end = max(float((result.attempt_dir / f"end{line[1]}").read_text()) for line in lines)
+        devices = [set(line[2].split(",")) for line in lines]
+        assert all(len(d) == 2 for d in devices)
+        if len(devices) == 2:
+            assert not devices[0] & devices[1], "two emulated nodes of one job share a GPU"
+        spans.append((start, end, set().union(*devices)))
+    overlapping = [(a, b) for i, a in enumerate(spans) for b in spans[i + 1:]
+                   if a[0] < b[1] and b[0] < a[1]]
+    assert overlapping, "with 5 GPUs two 2-GPU jobs should have run at once"
+    for a, b in overlapping:
+        assert not a[2] & b[2], f"jobs running at once shared a GPU: {a[2]} and {b[2]}"
+
+
+def test_a_gpu_job_wider_than_the_machine_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    run_dir = gpu_run(tmp_path, "true\n", nodes=2)
+    with pytest.raises(local.NotEnoughGpus, match=r"needs 4 GPUs \(2 node\(s\) × 2\), and this "
+                                                  r"machine has 3; plan fewer nodes"):
+        local.LocalBackend(gpus=["0", "1", "2"]).submit([run_dir])
 
 
 def test_each_run_of_a_job_gets_a_new_attempt_folder(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
+from sweep.preflight import visible_gpu_ids
 from sweep.round_calibration import for_search
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld
@@ -48,7 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_top_argument(parser)
     parser.add_argument("--slots", type=int, default=None,
                         help="CPU slots to fill at once; a job takes nodes × ranks per node "
-                             "(default: this machine's CPU count)")
+                             "(default: this machine's CPU count). A GPU spec's jobs also take "
+                             "nodes × GPUs per node of this machine's GPUs each")
     parser.add_argument("--no-report", action="store_true", help="stop after collect")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="a search: keep the plan's memory verdicts instead of "
@@ -111,9 +113,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     console = Console()
     rendered = render_sweep(args.spec, args.out)
+    gpus = local_gpus(rendered, args.spec)
     try:
         with runner_lock(rendered.out):
-            _run_locked(rendered, args, console)
+            _run_locked(rendered, args, console, gpus)
     except LockHeld as holder:
         raise UserError(f"{rendered.out}: another `sweep run` ({holder}) is running this sweep; "
                         "wait for it, or stop it (Ctrl-C) and run again") from None
@@ -121,7 +124,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) -> None:
+def local_gpus(rendered: Rendered, spec_path: Path) -> list[str] | None:
+    """This machine's GPUs, for a spec whose runs use them (None for a CPU spec): the local
+    backend hands each job its own, and a run wider than the machine is refused before any
+    starts, naming the fix."""
+    spec = rendered.spec
+    if spec.gpu.lower() == "cpu":
+        return None
+    ids = visible_gpu_ids()
+    if not ids:
+        raise UserError(f"{spec_path}: gpu: {spec.gpu} asks for GPUs, and this "
+                        "machine shows none (CUDA_VISIBLE_DEVICES is empty, or nvidia-smi lists "
+                        "none); `sweep run` runs here: use gpu: cpu for a local sweep, or "
+                        "`sweep submit` to a cluster")
+    kept_nodes = rendered.plan.loc[rendered.plan["status"] == "kept", "nodes"]
+    per_node = spec.gpus_per_node_resolved
+    widest = int(kept_nodes.max()) * per_node if len(kept_nodes) else 0
+    if widest > len(ids):
+        raise UserError(f"{spec_path}: nodes: runs of up to {widest} GPUs "
+                        f"({int(kept_nodes.max())} node(s) × gpus_per_node {per_node}), "
+                        f"and this machine has {len(ids)}; list fewer nodes for a local sweep, "
+                        "or `sweep submit` to a cluster")
+    return ids
+
+
+def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
+                gpus: list[str] | None = None) -> None:
     """Everything after rendering, while this process holds the sweep's runner lock."""
     out, run_dirs = rendered.out, rendered.run_dirs
     reaped = reap_orphans(run_dirs)
@@ -135,7 +163,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console) 
 
     with RunProgress(console) as progress:
         backend = LocalBackend(args.slots, on_start=progress.started,
-                               on_finish=progress.finished)
+                               on_finish=progress.finished, gpus=gpus)
         if args.strategy == "exhaustive":
             progress.add(len(pending))
             if pending:

@@ -78,6 +78,9 @@ def parse(argv: list[str], environ: dict[str, str]) -> Options:
 
 def task_env(environ: dict[str, str], nodes: list[str], index: int) -> dict[str, str]:
     env = dict(environ)
+    node_gpus = environ.get("SWEEP_LOCAL_NODE_GPUS")  # sweep.local.NODE_GPUS_ENV
+    if node_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = node_gpus.split(";")[index]
     env.update({
         "SLURM_NODEID": str(index), "SLURM_PROCID": str(index), "SLURM_LOCALID": "0",
         "SLURMD_NODENAME": nodes[index], "SLURM_NTASKS": str(len(nodes)),

@@ -254,3 +254,23 @@ def test_top_without_the_shortlist_is_refused_before_anything_is_planned(
     assert main(["run", str(DEMO), "--out", str(out), "--strategy", "pruned", "--top", "2"]) == 2
     assert "--top applies to --strategy shortlist" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("visible", "message"), [
+    ("", "gpu: h100-sxm asks for GPUs, and this machine shows none"),
+    ("0,1,2", "runs of up to 4 GPUs (2 node(s) × gpus_per_node 2), and this machine has 3"),
+])
+def test_a_gpu_spec_needs_the_gpus_its_runs_ask_for_on_this_machine(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        visible: str, message: str) -> None:
+    """`sweep run` hands this machine's GPUs to its jobs (sweep.local); where there are too few,
+    it says so before any run starts, instead of a failure per run."""
+    spec = yaml.safe_load(DEMO.read_text())
+    spec.update(gpu="h100-sxm", dtype="bf16")
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert main(["run", str(path), "--out", str(tmp_path / "x")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "gpu.yaml" in err and message in err
+    assert not list((tmp_path / "x").glob("runs/*/attempts/*"))  # nothing ran
