@@ -3,8 +3,8 @@ the peaks `torch.cuda` measured.
 
 Needs one CUDA GPU and no Slurm; CI has no GPU and never runs it. It writes a one-GPU spec (the
 built-in workload, bf16, one node of one GPU, by default two models at the playbook's sequence
-length, micro-batch 1 and 4, each recomputation mode), runs it with `sweep run --slots 1` (the
-local backend: every rendered job.sbatch under the watchdog, one at a time, collect, report),
+length, micro-batch 1 and 4, each recomputation mode), runs it with `sweep run` (the local
+backend: every rendered job.sbatch under the watchdog, one job per free GPU, collect, report),
 then `sweep memory-check` on the sweep's runs.parquet. It prints, per run, the memory model's
 allocated and reserved peaks beside the measured ones (`torch.cuda.max_memory_allocated` and
 `max_memory_reserved`, sampled at every step), the steady-state step time and MFU.
@@ -145,7 +145,7 @@ def capped_run(args: argparse.Namespace, gpu: str, table: pd.DataFrame) -> dict[
     spec = args.out / "cuda-capped.yaml"
     write_spec(spec, args, gpu, models=[model], mbs=[mbs], recompute=["none"],
                overrides=[{"where": {"model": model}, "set": {"rank_memory_limit_mb": cap_mb}}])
-    sweep_cli("run", str(spec), "--out", str(args.out / "capped"), "--slots", "1")
+    sweep_cli("run", str(spec), "--out", str(args.out / "capped"))
     runs_file = args.out / "capped" / "runs.parquet"
     if not runs_file.is_file():
         return {"error": f"no {runs_file}"}
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     write_spec(spec, args, gpu)
     outside = outside_allocator() if gpu != "cpu" else {}  # first: seconds, and nothing else on the GPU
     began = time.perf_counter()
-    sweep_cli("run", str(spec), "--out", str(args.out / "sweep"), "--slots", "1")
+    sweep_cli("run", str(spec), "--out", str(args.out / "sweep"))
     sweep_s = time.perf_counter() - began
     runs_file = args.out / "sweep" / "runs.parquet"
     if not runs_file.is_file():
