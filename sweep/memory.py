@@ -6,8 +6,8 @@ The model follows what a training step puts on a GPU:
 - the forward/backward transients: activations of the micro-batches in flight on the stage (by
   recomputation mode, TP/SP and CP sharding, pipeline schedule) and the logits + loss path;
 - buffers: fixed workspaces, sequence-parallel gather buffers, FSDP's gathered copies, autocast's
-  weight casts, and the optimizer-step transients (ZeRO-1 all-gather) where they exceed the
-  activation memory freed by then;
+  weight casts, and what the optimizer step adds (the ZeRO-1 all-gather; gradients a framework
+  makes only after the activation peak) where it exceeds the activation memory freed by then;
 - what the caching allocator holds beyond live tensors (fragmentation), by what causes it: a small
   share of the activations of a micro-batch alone in flight (the next one reuses its blocks), a
   larger share of those the pipeline keeps in flight (freed out of order, they leave holes), a share
