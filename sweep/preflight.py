@@ -56,6 +56,7 @@ class PreflightTarget:
     checkout_env: str
     gpus_per_node: int | None  # None: CPU runs
     slurm: tuple[tuple[str, str], ...]  # (option, value) pairs: partition, account, ...
+    gpu: str | None = None  # the catalog GPU type the runs' MFU divides by; None: CPU runs
     setup: tuple[str, ...] = ()
     container_image: str | None = None
     container_mounts: tuple[str, ...] = ()
@@ -81,6 +82,7 @@ def target_of(run_json: dict[str, Any]) -> PreflightTarget:
         framework_dir=settings.get("framework_dir"),
         checkout_env=adapter.checkout_env,
         gpus_per_node=None if gpu == "cpu" else int(run_json.get("gpus_per_node") or 1),
+        gpu=None if gpu == "cpu" else gpu,
         slurm=tuple((name, str(settings[name])) for name in SLURM_OPTIONS if settings.get(name)),
         setup=tuple(settings.get("setup") or ()),
         container_image=settings.get("container_image"),
@@ -100,6 +102,8 @@ def script_text(target: PreflightTarget, sweep_dir: Path) -> str:
              "--want", target.framework_version]
     if target.gpus_per_node:
         check += ["--gpus", str(target.gpus_per_node)]
+    if target.gpu:
+        check += ["--gpu", target.gpu]
     quoted = " ".join(shlex.quote(a) if "$" not in a else f'"{a}"' for a in check)
     lines = ["#!/bin/bash",
              "# llm-sweep preflight (written by `sweep submit`): can this sweep's runs start here?",
@@ -237,10 +241,24 @@ def visible_gpus() -> int:
     return len(visible_gpu_ids())
 
 
+def gpu_models() -> list[str]:
+    """The product name of each GPU nvidia-smi lists (all of the node's: a job's devices are of
+    one node, and mixed nodes are rare enough to report as a whole); [] without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
 def node_check(framework: str, want: str, framework_dir: str | None,
-               gpus: int | None) -> dict[str, Any]:
+               gpus: int | None, gpu: str | None = None) -> dict[str, Any]:
     """What this node says about the runs' needs: a list of problems, empty when all is well."""
     import sweep
+    from sweep.catalog import gpu_mismatch
     from sweep.frameworks.versions import detect, refusal
 
     problems: list[str] = []
@@ -252,9 +270,14 @@ def node_check(framework: str, want: str, framework_dir: str | None,
     if gpus and (found_gpus or 0) < gpus:
         problems.append(f"{found_gpus or 0} GPU(s) visible, the runs need {gpus} per node: "
                         "check the partition (run.partition) and --gpus-per-node on this cluster")
+    models = gpu_models() if gpu else []
+    mismatch = gpu_mismatch(gpu, models) if gpu else None
+    if mismatch:
+        problems.append(mismatch)
     return {"host": socket.gethostname(), "python": sys.executable,
             "llm_sweep": sweep.__version__, "framework": asdict(detected),
-            "gpus_visible": found_gpus, "problems": problems, "time": time.time()}
+            "gpus_visible": found_gpus, "gpu_models": models, "problems": problems,
+            "time": time.time()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--want", required=True)
     parser.add_argument("--framework-dir", default=None)
     parser.add_argument("--gpus", type=int, default=None)
+    parser.add_argument("--gpu", default=None, help="the catalog GPU type the runs ask for")
     args = parser.parse_args(argv)
     from sweep.state import atomic_write_json
 
-    result = node_check(args.framework, args.want, args.framework_dir or None, args.gpus)
+    result = node_check(args.framework, args.want, args.framework_dir or None, args.gpus,
+                        args.gpu)
     try:
         atomic_write_json(args.out, result)
     except OSError as error:

@@ -65,6 +65,34 @@ def test_the_node_check_finds_missing_gpus_and_a_wrong_framework_version() -> No
         found["gpus_visible"] >= 8
 
 
+@pytest.mark.parametrize(("device", "problem"), [
+    ("NVIDIA H100 80GB HBM3", None),
+    ("NVIDIA A100-SXM4-80GB", "the spec says h100-sxm, but this node has NVIDIA A100-SXM4-80GB "
+                              "(catalog a100-80gb)"),
+    ("NVIDIA RTX 9000 Unknown", None),  # not in the catalog: nothing to compare
+])
+def test_the_node_check_refuses_a_gpu_type_other_than_the_specs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, problem: str | None) -> None:
+    """MFU divides by the catalog peak of the spec's GPU, so a partition of other GPUs would
+    publish wrong figures. A stand-in nvidia-smi (this machine has no GPU) names the devices."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"#!/bin/bash\nif [[ $1 == -L ]]; then echo 'GPU 0: {device} (UUID: GPU-0)';"
+                   f" else echo '{device}'; fi\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    found = node_check("builtin", "bundled", None, 1, "h100-sxm")
+    assert found["gpu_models"] == [device] and found["gpus_visible"] == 1
+    if problem is None:
+        assert found["problems"] == []
+    else:
+        [message] = found["problems"]
+        assert problem in message and "Set gpu to the node's type" in message
+    target = target_of({**RUN_JSON, "gpu": "h100-sxm"})
+    assert "--gpu h100-sxm" in script_text(target, tmp_path)
+
+
 def spec_file(tmp_path: Path, name: str, extra: str = "") -> Path:
     path = tmp_path / "spec.yaml"
     path.write_text(SPEC.format(name=name, extra=extra))

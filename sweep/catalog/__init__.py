@@ -91,3 +91,33 @@ def get_gpu(name: str) -> GpuSpec:
     if canonical is None:
         raise CatalogError(f"unknown GPU type {name!r}; catalog GPUs: {', '.join(specs)}")
     return specs[canonical]
+
+
+def device_gpu(device_name: str) -> GpuSpec | None:
+    """The catalog entry of a device as the driver names it (nvidia-smi, torch.cuda), or None.
+
+    Drivers prefix the product name ("NVIDIA H100 80GB HBM3"); the catalog's aliases may not."""
+    name = device_name.strip()
+    for candidate in (name, name.removeprefix("NVIDIA ")):
+        try:
+            return get_gpu(candidate)
+        except CatalogError:
+            continue
+    return None
+
+
+def gpu_mismatch(gpu: str, device_names: list[str]) -> str | None:
+    """Why devices named `device_names` are not the spec's `gpu`, or None when each is, or is a
+    device the catalog does not know (nothing to compare). MFU divides by the catalog's peak for
+    `gpu`, so a run on another GPU type would publish a wrong figure."""
+    try:
+        want = get_gpu(gpu)
+    except CatalogError:
+        return None  # a GPU outside the catalog: the spec names its peak itself
+    others = sorted({f"{name} (catalog {found.name})" for name in device_names
+                     if (found := device_gpu(name)) is not None and found.name != want.name})
+    if not others:
+        return None
+    return (f"gpu: the spec says {want.name}, but this node has {', '.join(others)}: its MFU "
+            f"would divide by {want.name}'s peak. Set gpu to the node's type, or pick nodes of "
+            f"{want.name} (run.partition or run.constraint)")

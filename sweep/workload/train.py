@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sweep.catalog import gpu_mismatch
 from sweep.runconfig import RunConfig
 from sweep.state import METRICS_FILE, atomic_write_json
 from sweep.steady import EarlyStop, Window, last_window, steady_state
@@ -62,7 +63,11 @@ def device_for(cfg: RunConfig) -> torch.device:
     if not torch.cuda.is_available():
         raise WorkloadError(f"run.json gpu: {cfg.gpu!r} needs CUDA, but torch.cuda.is_available() is "
                             f"False (torch {torch.__version__}); use gpu 'cpu' to run on CPU")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    mismatch = gpu_mismatch(cfg.gpu, [torch.cuda.get_device_name(device)])
+    if mismatch:  # MFU divides by the catalog peak of cfg.gpu: refuse rather than misreport
+        raise WorkloadError(f"run.json {mismatch}")
+    return device
 
 
 def init_distributed(device: torch.device, timeout_s: float) -> None:
