@@ -189,7 +189,7 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _one_layer_at_a_time(masks: Mapping[str, np.ndarray], prof: MemoryProfile) -> np.ndarray:
     """Rows whose layers are recomputed in backward, one layer at a time: full recomputation, and
     selective where the profile's selective policy recomputes more than the attention scores."""
-    return masks["full"] | (masks["selective"] & (prof.selective_keeps == "matmul_outputs"))
+    return masks["full"] | (masks["selective"] & bool(prof.selective_saves))
 
 
 def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.ndarray],
@@ -220,11 +220,13 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
         per_token_layer = per_token_layer + np.where(
             masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
     # full: keeps each layer's input and recomputes one layer at a time in backward; selective
-    # under "matmul_outputs" also keeps the q, k, v, attention, output-projection and MLP matmul
-    # outputs (the two that end in a reduction are hidden-wide)
+    # with the profile's `selective_saves` also keeps those linears' outputs and the attention
+    # output (wo and w2 end in a reduction: hidden-wide)
     one_at_a_time = _one_layer_at_a_time(masks, prof)
-    matmul_outputs = r * h / sp_div + a * ((2 * q + 2 * kv + 2 * k * ffn) / tp + 2 * h / sp_div)
-    stored = np.where(masks["full"], r * h / sp_div, np.where(one_at_a_time, matmul_outputs, per_token_layer))
+    output_width = {"wq": q / tp, "wk": kv / tp, "wv": kv / tp, "wo": h / sp_div,
+                    "w1": k * ffn / tp, "w3": k * ffn / tp, "w2": h / sp_div}
+    kept = r * h / sp_div + a * (q / tp + sum(output_width[name] for name in prof.selective_saves))
+    stored = np.where(masks["full"], r * h / sp_div, np.where(one_at_a_time, kept, per_token_layer))
     stored_per_layer = stored * tokens
     working_layer = np.where(one_at_a_time, per_token_layer * tokens, 0.0)
     head_inputs = (r + a) * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch

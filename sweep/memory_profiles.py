@@ -72,6 +72,11 @@ def reserved_interval(predicted_bytes: ArrayLike, band: tuple[float, float] = RE
     return predicted / (1.0 + hi) + fixed, predicted / (1.0 + lo) + fixed
 
 
+# The linears of a Llama-style layer, in the order its forward calls them (sweep.workload.model
+# and torchtitan name them so).
+LINEARS: Final = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+
+
 @dataclass(frozen=True)
 class MemoryProfile:
     name: str
@@ -102,10 +107,11 @@ class MemoryProfile:
     norm_saves_output: bool = False  # the norm's scaled output is saved too (a plain `x * weight`)
     linear_input_copies: int = 2  # copies of the normed input the linears save (per cast, if unfused)
     kv_saved_at_query_width: bool = False  # K/V repeated to every query head before attention
-    # "attention_scores": selective recomputation drops the s² attention tensors only (Megatron),
-    # nothing under flash attention; "matmul_outputs": it keeps the matmul and attention outputs
-    # and recomputes the rest of the layer (torch's selective activation checkpointing)
-    selective_keeps: str = "attention_scores"
+    # The linears (model names wq wk wv wo w1 w3 w2) whose outputs selective recomputation keeps,
+    # with the attention output, recomputing the rest of the layer one layer at a time (torch's
+    # selective activation checkpointing); (): Megatron's, which drops only the s² attention
+    # scores, nothing under flash attention
+    selective_saves: tuple[str, ...] = ()
     # zero_grad(set_to_none=True): with one micro-batch per step the gradients are made during
     # backward, after the activation peak (the logits' backward), so that peak holds none of them
     grads_freed_each_step: bool = False
@@ -119,6 +125,12 @@ class MemoryProfile:
     reserved_floor_bytes: int = RESERVED_FLOOR_BYTES
     cuda_context_bytes: int = 512 * MiB  # CUDA context + kernels; not in torch's allocator
     nccl_bytes_per_group: int = 256 * MiB  # NCCL channels/buffers per communicator in use
+
+    def __post_init__(self) -> None:
+        unknown = set(self.selective_saves) - set(LINEARS)
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: selective_saves names {sorted(unknown)}, "
+                             f"not linears of the model ({', '.join(LINEARS)})")
 
 
 NANOTRON: Final = MemoryProfile(
@@ -148,6 +160,11 @@ TORCHTITAN: Final = MemoryProfile(
     weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
     optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
     stage_split="even",
+    # selective_ac_option "op" (torchtitan v0.2.0-v0.2.2, torchtitan/distributed/
+    # activation_checkpoint.py `_apply_op_sac`: "Saves output of all compute ops, except every
+    # second mm"), counted per layer in the order the Llama block calls them: wq, wk, wv, wo, w1,
+    # w3, w2 (torchtitan/models/llama3/model/model.py), so the 1st, 3rd, 5th and 7th are kept
+    selective_saves=("wq", "wv", "w1", "w2"),
 )
 
 BUILTIN: Final = MemoryProfile(
@@ -162,11 +179,11 @@ BUILTIN: Final = MemoryProfile(
     # Counted from what sweep.workload.model saves (tests/workload/test_saved_activations.py
     # measures it): RMSNorm keeps its fp32 input and its fp32 output (the `* weight` saves it);
     # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to
-    # the query heads before SDPA; the "op" checkpointing policy keeps every mm and attention
-    # output; cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients
+    # the query heads before SDPA; its selective policy keeps every mm and attention output; cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients
     # beside it (12 bytes per logit); the optimizer sets param.grad to None after each step.
     norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
-    selective_keeps="matmul_outputs", logits_bytes_per_element=12.0, grads_freed_each_step=True,
+    selective_saves=("wq", "wk", "wv", "wo", "w1", "w3", "w2"), logits_bytes_per_element=12.0,
+    grads_freed_each_step=True,
 )
 
 # Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,
@@ -175,7 +192,7 @@ BUILTIN: Final = MemoryProfile(
 LLMFOUNDRY: Final = replace(
     TORCHTITAN, name="llmfoundry",
     description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
-    logits_bytes_per_element=4.0,
+    logits_bytes_per_element=4.0, selective_saves=(),
 )
 
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(

@@ -246,6 +246,23 @@ def test_recomputation_orders_activation_memory():
     assert full < none / 5
 
 
+def test_torchtitan_selective_keeps_every_other_matmul_output_as_its_op_policy_does():
+    """torchtitan's "op" selective AC keeps the outputs of the 1st, 3rd, 5th and 7th matmul of a
+    layer (wq, wv, w1, w2) and the attention output, plus the layer's input, and recomputes the
+    rest one layer at a time; Megatron's selective drops nothing under flash attention."""
+    shape, seq, mbs = EIGHT_B, 4096, 2
+    layout = {r: Layout(dp=1, tp=1, pp=1, mbs=mbs, recompute=r) for r in ("none", "selective", "full")}
+    act = {r: _act(layout[r], shape, "torchtitan", seq) for r in layout}
+    h, q, kv, f = shape.hidden_size, shape.q_dim, shape.kv_dim, shape.ffn_hidden_size
+    tokens, layers = mbs * seq, shape.num_layers
+    per_layer_kept = (2 * h + 2 * (q + q + kv + f + h)) * tokens  # bf16 input + kept outputs
+    working = act["full"] - layers * 2 * h * tokens  # one recomputed layer and the LM head inputs
+    assert act["selective"] == pytest.approx(layers * per_layer_kept + working, rel=1e-9)
+    assert act["full"] < act["selective"] < act["none"]
+    with pytest.raises(ValueError, match="not linears of the model"):
+        replace(PROFILES["torchtitan"], selective_saves=("w4",))
+
+
 def test_sequence_parallelism_and_cp_shard_activations():
     plain = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=False))
     with_sp = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=True))
