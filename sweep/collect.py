@@ -22,6 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sweep import cuda_oom
 from sweep.local import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
 from sweep.rows import config_columns, dense_peak, env_job_id, mfu_columns, provenance_columns, steady_state
 from sweep.runconfig import RunConfig
@@ -187,6 +188,7 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
             job_id = job_id if job_id is not None else local_row.get("JobID")
     _outcome_columns(row, status, acct, issues)
     _metric_columns(row, attempt_dir, config, issues)
+    _oom_columns(row)
     summary_torch = row.pop("torch_version", None)
     _slurm_columns(row, status, env, acct, job_id)
     row.update(provenance_columns(env, row.get("framework")))
@@ -194,6 +196,18 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
     row["torch_version"] = row["torch_version"] or summary_torch
     row["collect_issues"] = issues
     return row
+
+
+def _oom_columns(row: dict[str, Any]) -> None:
+    """What PyTorch's OOM message says the run needed (sweep.cuda_oom): its sampled peaks stop
+    before the peak it could not reach."""
+    if row.get("outcome") != "oom":
+        return
+    figures = cuda_oom.largest(row.get("evidence") or [])
+    if figures is not None:
+        row["mem_oom_needed_bytes"] = float(figures.needed_bytes)
+        if figures.outside_allocator_bytes is not None:
+            row["mem_outside_allocator_bytes"] = float(figures.outside_allocator_bytes)
 
 
 def _accounting_of(accounting: Mapping[str, Mapping[str, Any]], job_id: Any) -> Any:
@@ -540,7 +554,8 @@ def _job_hint(attempt_dir: Path) -> str | None:
 
 def read_runs(path: str | Path) -> pa.Table | None:
     """A previous runs.parquet to reuse rows from; None when absent, unreadable (a crash while
-    writing it) or from another schema version: then every row is computed again."""
+    writing it), from another schema version, or written before a column was added: then every
+    row is computed again."""
     path = Path(path)
     if not path.exists():
         return None
@@ -550,6 +565,8 @@ def read_runs(path: str | Path) -> pa.Table | None:
         return None
     meta = table.schema.metadata or {}
     if meta.get(b"llm_sweep_schema_version") != str(SCHEMA_VERSION).encode():
+        return None
+    if not set(arrow_schema().names) <= set(table.column_names):
         return None
     return table
 

@@ -141,6 +141,10 @@ _MEMORY = _cols(
     ("mem_reserved_bytes", "float64", "bytes", "measured peak reserved by the allocator (imports: "
      "the published GB, which are GiB, × 2^30)"),
     ("mem_source", "string", "", "cuda, cpu-rss-anon, log (the framework's memory lines) or cuda:rank0 (imports)"),
+    ("mem_oom_needed_bytes", "float64", "bytes", "CUDA OOMs: allocated by PyTorch + the request that "
+     "failed, from PyTorch's message (largest over ranks): a lower bound of the peak the run needed"),
+    ("mem_outside_allocator_bytes", "float64", "bytes", "CUDA OOMs: what the process held beyond the "
+     "caching allocator (CUDA context, libraries, NCCL), from PyTorch ≥ 2.1's message"),
     ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
      "(plan column mem_allocated_bytes, via run.json `predicted`)"),
     ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "

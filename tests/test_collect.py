@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -424,3 +425,40 @@ def test_the_node_log_with_the_losses_speaks_for_a_pipeline_run(tmp_path) -> Non
     (attempt / "logs" / "node1.out").write_text("".join(line(s, "7.5000") for s in range(1, 7)))
     (row,) = collect_sweep(tmp_path).table.to_pylist()
     assert row["last_step"] == 6
+
+
+# PyTorch 2.11's message on an H200 (our own run; tests/test_cuda_oom.py parses the wordings).
+H200_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a "
+            "total capacity of 139.80 GiB of which 4.92 GiB is free. Including non-PyTorch memory, "
+            "this process has 134.88 GiB memory in use. Of the allocated memory 131.85 GiB is "
+            "allocated by PyTorch, and 1.74 GiB is reserved by PyTorch but unallocated.")
+
+
+def test_collect_records_the_figures_of_an_oom_attempt(tmp_path: Path) -> None:
+    config = make_config()
+    status = {**completed_status(config.run_id), "outcome": "oom", "reason": "cuda_oom",
+              "evidence": [H200_OOM, "sweep.workload: rank 0: CUDA out of memory: " + H200_OOM]}
+    write_attempt(write_run(tmp_path, config), 1, times=[0.5], status=status)
+    assert main(["collect", str(tmp_path)]) == 0
+    row = pd.read_parquet(tmp_path / "runs.parquet").iloc[0]
+    assert row["outcome"] == "oom"
+    assert row["mem_oom_needed_bytes"] == round(131.85 * 2**30) + 8 * 2**30
+    assert row["mem_outside_allocator_bytes"] == pytest.approx(1.29 * 2**30, rel=0.01)
+
+
+
+def test_a_runs_parquet_written_before_a_column_was_added_is_recomputed(tmp_path: Path) -> None:
+    """After an upgrade adds a column, collect computes every row again instead of failing to
+    reuse rows that lack it."""
+    config = make_config()
+    write_attempt(write_run(tmp_path, config), 1, times=[0.5] * 10, summary=SUMMARY,
+                  status=completed_status(config.run_id))
+    assert main(["collect", str(tmp_path)]) == 0
+    path = tmp_path / "runs.parquet"
+    older = pq.read_table(path)
+    older = older.drop_columns(["mem_outside_allocator_bytes"]).replace_schema_metadata(
+        older.schema.metadata)
+    pq.write_table(older, path)
+    assert read_runs(path) is None
+    assert main(["collect", str(tmp_path)]) == 0
+    assert "mem_outside_allocator_bytes" in pq.read_table(path).column_names
