@@ -12,9 +12,10 @@ Concurrency is capped by CPU slots: a job needs nodes x ranks-per-node slots; a 
 than the machine runs alone. Given this machine's GPUs (`gpus`), a job whose runs use GPUs also
 takes nodes x GPUs-per-node of them, and waits until that many are free: each emulated node sees
 only its own through CUDA_VISIBLE_DEVICES (`NODE_GPUS_ENV`, which the srun stand-in reads), as a
-Slurm node would, so two jobs, or two emulated nodes of one job, never share a GPU. A job ends with an accounting record, `local_sacct.json` in its
-attempt folder (what sacct would say: state, exit code, times), because a job killed at its
-time limit writes no status.json.
+Slurm node would, so two jobs, or two emulated nodes of one job, never share a GPU.
+
+A job ends with an accounting record, `local_sacct.json` in its attempt folder (what sacct would
+say: state, exit code, times), because a job killed at its time limit writes no status.json.
 
 submitit's LocalExecutor was not used: it runs pickled Python callables, while the point here
 is to run the very bash script a cluster runs, with Slurm's environment and signals.

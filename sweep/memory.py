@@ -335,7 +335,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
                 + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)
         comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
                  "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
-        step = weights + grads + optim + buffers_fixed + step_needs  # gathered bf16 copies are freed by then
+        step = weights + grads + optim + buffers_fixed + step_needs  # gathered copies freed by then
         return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
 
     first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb,

@@ -179,8 +179,9 @@ BUILTIN: Final = MemoryProfile(
     # Counted from what sweep.workload.model saves (tests/workload/test_saved_activations.py
     # measures it): RMSNorm keeps its fp32 input and its fp32 output (the `* weight` saves it);
     # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to
-    # the query heads before SDPA; its selective policy keeps every mm and attention output; cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients
-    # beside it (12 bytes per logit); the optimizer sets param.grad to None after each step.
+    # the query heads before SDPA; its selective policy keeps every mm and attention output;
+    # cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients beside
+    # it (12 bytes per logit); the optimizer sets param.grad to None after each step.
     norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
     selective_saves=("wq", "wk", "wv", "wo", "w1", "w3", "w2"), logits_bytes_per_element=12.0,
     grads_freed_each_step=True,

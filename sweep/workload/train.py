@@ -137,7 +137,8 @@ class Trainer:
             from sweep.workload.pipeline import stage_indices
 
             self.stages = stage_indices(self.layout, self.mesh.rank("pp"))
-        chunks = [build(cfg.model, self.seed, device, stage=s, num_stages=self.layout.pp * self.layout.vpp)
+        num_stages = self.layout.pp * self.layout.vpp
+        chunks = [build(cfg.model, self.seed, device, stage=s, num_stages=num_stages)
                   for s in self.stages]
         self.wrappers = [self._wrap(chunk) for chunk in chunks]
         self.modules = [w.module for w in self.wrappers]
@@ -148,7 +149,6 @@ class Trainer:
 
             self.schedule = build_schedule(self.modules, self.stages, self.layout, self.mesh.mesh["pp"],
                                            device, cross_entropy)
-        num_stages = self.layout.pp * self.layout.vpp
         self.has_first = 0 in self.stages
         self.has_last = (num_stages - 1) in self.stages
         # Exactly one rank per (dp, cp) replica reports the loss: a last-stage rank with tp rank 0.
