@@ -12,9 +12,13 @@ layouts. That cannot separate the four allocator constants of `sweep.fit` (their
 runs that vary the pipeline depth, the micro-batch and the vocabulary to tell the shares apart,
 and its constraints are fractions of hundreds of runs), so this module fits one number: a factor
 `k` on everything the memory model puts in the allocator (allocated tensors and fragmentation,
-i.e. the predicted reserved peak), the runtime overhead outside it (CUDA context, NCCL buffers,
-which no measurement sees) left as predicted. For attempt i with predicted reserved peak r_i,
-predicted overhead o_i and the memory limit L_i it ran under:
+i.e. the predicted reserved peak). The runtime overhead outside it (CUDA context, libraries, NCCL
+buffers) stays as predicted unless the attempts measured it: a CUDA OOM's message says what the
+process held outside the allocator (`mem_outside_allocator_bytes`, sweep.cuda_oom). Then every
+prediction's overhead is raised by the largest excess measured over the predicted one, `d`
+(on an H200 the context alone was 1.2-1.3 GiB against the 512 MiB assumed). A reading below the
+prediction lowers nothing: an OOM can come before NCCL has set up its buffers. For attempt i with
+predicted reserved peak r_i, overhead o_i + d and the memory limit L_i it ran under:
 
 1. target: `t` = the geometric mean of `measured_i / r_i` over the completed attempts with a
    measured peak (none measured: t = 1, the prior). The factor removes the model's bias on this
@@ -24,9 +28,9 @@ predicted overhead o_i and the memory limit L_i it ran under:
    (`benchmarks/self_calibration_transfer.py` measures both on a model the constants were not
    fitted on: the largest ratio keeps 2-3 % fewer of that model's successful runs than the
    geometric mean, on average over its settings, and doubles the error of the reserved peaks);
-2. every completed attempt must be predicted to fit, k·r_i + o_i <= L_i: an upper bound (a run
-   that ran is proof its configuration fits);
-3. every OOM must be predicted not to fit, k·r_i + o_i > L_i: a lower bound;
+2. every completed attempt must be predicted to fit, k·r_i + o_i + d <= L_i: an upper bound (a
+   run that ran is proof its configuration fits);
+3. every OOM must be predicted not to fit, k·r_i + o_i + d > L_i: a lower bound;
 4. k = t moved into [lower, upper] as little as it takes (the smallest change from what the
    measurements ask for; from the prior when nothing was measured).
 
@@ -65,7 +69,8 @@ REQUIRED_COLUMNS: Final = ("run_id", "attempt", "framework", "model", "gpus_per_
                            "settings_json")
 RULE: Final = (
     "k multiplies the predicted reserved peak (allocated + fragmentation; the CUDA/NCCL overhead "
-    "stays as predicted): k = the geometric mean of measured / predicted over completed attempts with a peak "
+    "stays as predicted, raised by the largest excess the OOM messages measured): k = the "
+    "geometric mean of measured / predicted over completed attempts with a peak "
     "(1 without one), moved as little as needed so every completed attempt is predicted to fit "
     "and every OOM not to; an OOM no k can explain beside the completed attempts is listed as "
     "unexplained and bounds nothing")
@@ -89,6 +94,9 @@ class MemoryCorrection:
     n_measured: int  # completed attempts with a measured reserved peak
     n_unbounded: int  # attempts with no limit to judge their outcome against
     unexplained_ooms: tuple[str, ...]  # run ids (attempt) of OOMs that bound nothing
+    # added to every predicted overhead: the largest measured excess over it (0: none measured)
+    overhead_delta_bytes: float = 0.0
+    n_overhead_measured: int = 0  # attempts whose memory outside the allocator was measured
 
     @property
     def bound_by(self) -> str:
@@ -176,6 +184,8 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     record the max over ranks), and the limit its outcome is judged against (NaN: none)."""
     out = attempts[["run_id", "attempt", "model", "outcome"]].copy()
     out["measured_reserved"] = attempts["mem_reserved_bytes"].astype("float64")
+    out["measured_outside"] = (attempts["mem_outside_allocator_bytes"].astype("float64")
+                               if "mem_outside_allocator_bytes" in attempts else np.nan)
     out["pred_reserved"] = np.nan
     out["pred_overhead"] = np.nan
     budget = space.memory_budget_bytes(spec)
@@ -210,8 +220,11 @@ def fit_correction(ev: pd.DataFrame,
     measured = completed & (ev["measured_reserved"] > 0) & (ev["pred_reserved"] > 0)
     ratios = (ev.loc[measured, "measured_reserved"] / ev.loc[measured, "pred_reserved"]).to_numpy()
     target = target_of(ratios) if len(ratios) else 1.0
+    outside = ev["measured_outside"] if "measured_outside" in ev else pd.Series(np.nan, ev.index)
+    excess = (outside - ev["pred_overhead"])[outside > 0]
+    delta = max(0.0, float(excess.max())) if len(excess) else 0.0
     bounded = ev["limit"].notna() & (ev["pred_reserved"] > 0)
-    edge = (ev["limit"] - ev["pred_overhead"]) / ev["pred_reserved"]  # k at which it just fits
+    edge = (ev["limit"] - ev["pred_overhead"] - delta) / ev["pred_reserved"]  # k that just fits
     uppers = edge[completed & bounded]
     upper = float(uppers.min()) if len(uppers) else None
     explained = oom & bounded
@@ -229,7 +242,8 @@ def fit_correction(ev: pd.DataFrame,
     return MemoryCorrection(
         factor=factor, target=target, lower=lower, upper=upper,
         n_completed=int(completed.sum()), n_oom=int(oom.sum()), n_measured=int(measured.sum()),
-        n_unbounded=int((~bounded).sum()), unexplained_ooms=tuple(ids))
+        n_unbounded=int((~bounded).sum()), unexplained_ooms=tuple(ids),
+        overhead_delta_bytes=delta, n_overhead_measured=int(len(excess)))
 
 
 def residuals(ev: pd.DataFrame, factor: float) -> tuple[dict[str, Any], ...]:
@@ -269,12 +283,14 @@ def calibrate(path: Path, spec: Spec) -> Calibration:
 PRIOR_TOTAL: Final = "mem_prior_total_bytes"
 
 
-def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
+def replan(frame: pd.DataFrame, spec: Spec, factor: float,
+           overhead_delta: float = 0.0) -> pd.DataFrame:
     """The plan with the memory rule applied to the corrected estimate.
 
     Only candidates the memory rule decided (status kept or pruned:memory: they passed every
     earlier rule) can change. Their allocator-side bytes (every mem_* column but the overhead)
-    are scaled by `factor`, the total is the scaled reserved peak plus the overhead, the prior
+    are scaled by `factor`, their overhead is raised by `overhead_delta` (what the attempts
+    measured beyond it), the total is the scaled reserved peak plus the overhead, the prior
     total is kept in `mem_prior_total_bytes`, and a candidate newly kept gets its run id. The
     rule is the planner's (`sweep.space.memory_over`), band and probes included: the factor
     corrects the point estimate, it does not make it certain.
@@ -290,6 +306,9 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float) -> pd.DataFrame:
     for column in scaled:
         values = out.loc[judged, column].astype("float64") * factor
         out.loc[judged, column] = values.round().astype("int64")
+    if overhead_delta:
+        raised = out.loc[judged, "mem_overhead_bytes"].astype("float64") + overhead_delta
+        out.loc[judged, "mem_overhead_bytes"] = raised.round().astype("int64")
     total = out["mem_reserved_bytes"].astype("Int64") + out["mem_overhead_bytes"].astype("Int64")
     out.loc[judged, "mem_total_bytes"] = total[judged]
     out[PRIOR_TOTAL] = prior_total
@@ -336,6 +355,10 @@ def describe(calibration: Calibration, changed: dict[str, int]) -> list[str]:
     if errors:
         lines.append(f"  calibrated reserved-peak error over {len(errors)} attempt(s): median "
                      f"{np.median(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
+    if m.overhead_delta_bytes:
+        lines.append(f"  overhead outside the allocator + {m.overhead_delta_bytes / 2**30:.2f} GiB: "
+                     f"the largest excess over the prediction that {m.n_overhead_measured} OOM "
+                     "message(s) measured")
     if m.unexplained_ooms:
         lines.append(f"  {len(m.unexplained_ooms)} OOM(s) no factor explains beside the "
                      f"completed runs, left out: {', '.join(m.unexplained_ooms)}")

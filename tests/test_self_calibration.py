@@ -80,6 +80,19 @@ def test_an_attempt_under_its_own_cap_or_without_a_limit_bounds_nothing() -> Non
     assert fit.factor == pytest.approx(0.5) and fit.lower is None and fit.n_unbounded == 2
 
 
+def test_the_overhead_is_raised_by_the_largest_excess_the_oom_messages_measured() -> None:
+    """A CUDA OOM's message says what the process held outside the allocator (sweep.cuda_oom):
+    160 MiB against the 100 MiB predicted moves every prediction's overhead up by 60 MiB, and
+    with it the OOM's edge: k > (500 - 100 - 60) / 300 instead of (500 - 100) / 300."""
+    ev = evidence(("completed", 150, 200, 500), ("oom", None, 300, 500))
+    ev["measured_outside"] = [np.nan, 160.0 * MiB]
+    fit = fit_correction(ev)
+    assert fit.overhead_delta_bytes == pytest.approx(60 * MiB) and fit.n_overhead_measured == 1
+    assert fit.factor == pytest.approx(340 / 300) and fit.upper == pytest.approx(340 / 200)
+    ev["measured_outside"] = [np.nan, 50.0 * MiB]  # before NCCL set up its buffers, say
+    assert fit_correction(ev).overhead_delta_bytes == 0.0  # a smaller reading lowers nothing
+
+
 # Reading and refusing -----------------------------------------------------------------------------
 
 @pytest.fixture()
@@ -147,6 +160,10 @@ def test_a_replan_applies_the_band_and_marks_its_probes_again(spec_path: Path,
     assert same["probe"].tolist() == prior["probe"].tolist()
     assert not replan(prior, spec, 0.5)["probe"].any()  # measured far below: no doubt left
     assert (replan(prior, spec, 3.0)["status"] == "pruned:memory").all()
+    raised = replan(prior, spec, 1.0, overhead_delta=512 * MiB)
+    assert (raised["mem_overhead_bytes"] == prior["mem_overhead_bytes"] + 512 * MiB).all()
+    assert (raised["mem_total_bytes"] == prior["mem_total_bytes"] + 512 * MiB).all()
+    assert (raised["status"] == "pruned:memory").sum() > (same["status"] == "pruned:memory").sum()
 
 
 def test_measured_peaks_far_below_the_prior_keep_what_the_prior_pruned(
@@ -177,3 +194,17 @@ def test_measured_peaks_far_below_the_prior_keep_what_the_prior_pruned(
     stricter = replan(prior, spec, 3.0)
     assert changes(prior, stricter) == {"pruned_to_kept": 0, "kept_to_pruned": 2}
     assert stricter["run_id"].isna().all()
+
+
+def test_calibration_json_records_the_overhead_the_oom_messages_measured(
+        spec_path: Path, tmp_path: Path) -> None:
+    table = runs_table(spec_path, {"DP1 TP2 PP1 GAS4 MBS2 ZeRO-0": ("completed", 90.0),
+                                   "DP2 TP1 PP1 GAS2 MBS2 ZeRO-0": ("oom", None)})
+    predicted_dp2 = 512 + 256  # the CUDA context and one NCCL group (dp), MiB
+    table["mem_outside_allocator_bytes"] = np.where(table["outcome"] == "oom",
+                                                    (predicted_dp2 + 132) * MiB, np.nan)
+    path = tmp_path / "runs.parquet"
+    table.to_parquet(path)
+    calibration = calibrate(path, load_spec(spec_path))
+    assert calibration.memory.overhead_delta_bytes == pytest.approx(132 * MiB)
+    assert calibration.to_dict()["memory"]["overhead_delta_bytes"] == pytest.approx(132 * MiB)

@@ -193,7 +193,8 @@ def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficie
         calibration = self_calibration.calibrate(runs, spec)
     except self_calibration.CalibrationError as error:
         raise UserError(str(error)) from None
-    replanned = self_calibration.replan(frame, spec, calibration.memory.factor)
+    replanned = self_calibration.replan(frame, spec, calibration.memory.factor,
+                                        calibration.memory.overhead_delta_bytes)
     changed = self_calibration.changes(frame, replanned)
     lines = self_calibration.describe(calibration, changed)
     record: dict[str, object] = {**calibration.to_dict(), "status_changes": changed}
@@ -225,6 +226,7 @@ def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         factor, made_for = float(record["memory"]["factor"]), str(record["spec_hash"])
+        delta = float(record["memory"].get("overhead_delta_bytes") or 0.0)
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise UserError(f"{path}: not a calibration of `sweep plan --calibrate-from` ({error}); "
                         "remove it or write it again with --calibrate-from") from None
@@ -232,9 +234,10 @@ def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
         return frame, [f"warning: {path} was made for another version of the spec "
                        f"(hash {made_for}); planned with the prior memory model. Run `sweep plan "
                        "--calibrate-from RUNS` again to recalibrate"]
-    replanned = self_calibration.replan(frame, spec, factor)
+    replanned = self_calibration.replan(frame, spec, factor, delta)
     changed = self_calibration.changes(frame, replanned)
-    return replanned, [f"memory: reserved peak × {factor:.3f} from {path} (runs sha256 "
+    raised = f", overhead + {delta / 2**30:.2f} GiB" if delta else ""
+    return replanned, [f"memory: reserved peak × {factor:.3f}{raised} from {path} (runs sha256 "
                        f"{str(record.get('source_sha256', ''))[:12]}…); "
                        f"{changed['pruned_to_kept']} pruned → kept, "
                        f"{changed['kept_to_pruned']} kept → pruned"]
