@@ -7,7 +7,10 @@ length, micro-batch 1 and 4, each recomputation mode), runs it with `sweep run` 
 backend: every rendered job.sbatch under the watchdog, one job per free GPU, collect, report),
 then `sweep memory-check` on the sweep's runs.parquet. It prints, per run, the memory model's
 allocated and reserved peaks beside the measured ones (`torch.cuda.max_memory_allocated` and
-`max_memory_reserved`, sampled at every step), the steady-state step time and MFU.
+`max_memory_reserved`, sampled at every step), the steady-state step time and MFU. Then it runs
+the first model's largest micro-batch again capped at half its measured peak
+(`rank_memory_limit_mb`: it must end `oom`, with the allocator's message as evidence), and one
+step of it, with and without recomputation, under PyTorch's MemTracker (the peak per category).
 
 It also measures what the memory model adds outside the caching allocator (`cuda_context_bytes`
 and `nccl_bytes_per_group` of sweep.memory_profiles): a fresh process brings up a one-rank NCCL
