@@ -65,17 +65,15 @@ def catalog_gpu() -> str:
     """The catalog name of GPU 0, so that MFU divides by its dense peak."""
     import torch
 
-    from sweep.catalog import CatalogError, get_gpu
+    from sweep.catalog import device_gpu
 
     if not torch.cuda.is_available():
         sys.exit(f"cuda_workload: needs a CUDA GPU; torch {torch.__version__} sees none")
     device = torch.cuda.get_device_name(0)
-    for name in (device, device.removeprefix("NVIDIA ")):
-        try:
-            return get_gpu(name).name
-        except CatalogError:
-            continue
-    sys.exit(f"cuda_workload: GPU {device!r} is not in sweep/catalog/gpus.yaml; pass --gpu NAME")
+    found = device_gpu(device)
+    if found is None:
+        sys.exit(f"cuda_workload: GPU {device!r} is not in sweep/catalog/gpus.yaml; pass --gpu NAME")
+    return found.name
 
 
 def write_spec(path: Path, args: argparse.Namespace, gpu: str, *, models: list[str] | None = None,

@@ -44,6 +44,7 @@ import psutil
 import sweep
 from sweep.backends import Submitted
 from sweep.runconfig import load as load_run
+from sweep.shims.srun import NODE_GPUS_ENV
 from sweep.state import (
     STATUS_FILE,
     LockHeld,
@@ -153,10 +154,6 @@ class LocalResult:
     exit_code: str
     elapsed_s: float
     outcome: str | None  # status.json's outcome, when the watchdog wrote one
-
-
-# The GPUs of each emulated node of a job, "0,1;2,3": node i's CUDA_VISIBLE_DEVICES is the i-th.
-NODE_GPUS_ENV = "SWEEP_LOCAL_NODE_GPUS"
 
 
 class NotEnoughGpus(ValueError):

@@ -194,10 +194,11 @@ def _one_layer_at_a_time(masks: Mapping[str, np.ndarray], prof: MemoryProfile) -
 
 def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.ndarray],
                  f64: Mapping[str, np.ndarray], sp: np.ndarray, single: np.ndarray, n_first: np.ndarray,
-                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool, autocast: bool
-                 ) -> tuple[np.ndarray, ...]:
+                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool, autocast: bool,
+                 one_at_a_time: np.ndarray) -> tuple[np.ndarray, ...]:
     """Activation and logits bytes on one rank of the first and of the last stage, and the
-    micro-batches each holds in flight."""
+    micro-batches each holds in flight. `one_at_a_time`: the rows whose layers are recomputed in
+    backward (`_one_layer_at_a_time`)."""
     tp, pp, cp, mbs, ga, vpp = (f64[k] for k in ("tp", "pp", "cp", "mbs", "grad_acc", "vpp"))
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
     tokens = mbs * seq_len / cp  # of one micro-batch on one rank: CP splits the sequence
@@ -222,7 +223,6 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     # full: keeps each layer's input and recomputes one layer at a time in backward; selective
     # with the profile's `selective_saves` also keeps those linears' outputs and the attention
     # output (wo and w2 end in a reduction: hidden-wide)
-    one_at_a_time = _one_layer_at_a_time(masks, prof)
     output_width = {"wq": q / tp, "wk": kv / tp, "wv": kv / tp, "wo": h / sp_div,
                     "w1": k * ffn / tp, "w3": k * ffn / tp, "w2": h / sp_div}
     kept = r * h / sp_div + a * (q / tp + sum(output_width[name] for name in prof.selective_saves))
@@ -305,16 +305,16 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         # it, and the ZeRO-1 all-gather
         return weights, grads, optim, gather + param_grads * grads_later
 
+    recomputed = _one_layer_at_a_time(masks, prof)
     act_first, act_last, logits_first, logits, first_mb, last_mb = _activations(
-        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu, not full_precision)
+        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu, not full_precision,
+        recomputed)
 
     # --- fixed buffers and runtime
     tokens = f64["mbs"] * seq_len / cp
     buffers_fixed = prof.workspace_bytes + np.where(tp > 1, prof.tp_buffer_bytes_per_token_h * tokens * h, 0.0)
     groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
     overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
-
-    recomputed = _one_layer_at_a_time(masks, prof)
 
     def stage_total(p_dense, p_expert, act, lg, in_flight, head_params):
         weights, grads, optim, step_needs = state(p_dense, p_expert)

@@ -219,20 +219,25 @@ def _cancel(job_id: str) -> None:
 
 # The compute node ----------------------------------------------------------------------------
 
+def _nvidia_smi(*arguments: str) -> list[str]:
+    """nvidia-smi's non-empty output lines; [] without nvidia-smi or when it fails to answer."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        done = subprocess.run(["nvidia-smi", *arguments], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+
+
 def visible_gpu_ids() -> list[str]:
     """GPUs this process can use, as CUDA_VISIBLE_DEVICES names them: its own entries when set
     (by Slurm, or by hand), else the indices of nvidia-smi's list; none without nvidia-smi."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [d.strip() for d in visible.split(",") if d.strip()]
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30,
-                              check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    count = sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+    count = sum(1 for line in _nvidia_smi("-L") if line.startswith("GPU "))
     return [str(index) for index in range(count)]
 
 
@@ -244,14 +249,7 @@ def visible_gpus() -> int:
 def gpu_models() -> list[str]:
     """The product name of each GPU nvidia-smi lists (all of the node's: a job's devices are of
     one node, and mixed nodes are rare enough to report as a whole); [] without nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return _nvidia_smi("--query-gpu=name", "--format=csv,noheader")
 
 
 def node_check(framework: str, want: str, framework_dir: str | None,

@@ -428,10 +428,8 @@ def test_the_node_log_with_the_losses_speaks_for_a_pipeline_run(tmp_path) -> Non
 
 
 # PyTorch 2.11's message on an H200 (our own run; tests/test_cuda_oom.py parses the wordings).
-H200_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a "
-            "total capacity of 139.80 GiB of which 4.92 GiB is free. Including non-PyTorch memory, "
-            "this process has 134.88 GiB memory in use. Of the allocated memory 131.85 GiB is "
-            "allocated by PyTorch, and 1.74 GiB is reserved by PyTorch but unallocated.")
+H200_OOM = (Path(__file__).parent / "fixtures" / "cuda" / "h200_oom_messages.txt"
+            ).read_text().splitlines()[0]
 
 
 def test_collect_records_the_figures_of_an_oom_attempt(tmp_path: Path) -> None:

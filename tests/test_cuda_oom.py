@@ -12,18 +12,10 @@ from sweep import cuda_oom
 GIB, MIB = 1 << 30, 1 << 20
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
-# Our own runs on an H200 (tests/fixtures/cuda/README.md): the 3B at micro-batch 4, and the 1B
-# capped at half its peak with rank_memory_limit_mb (PyTorch 2.11).
-H200 = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 8.00 GiB. GPU 0 has a total "
-        "capacity of 139.80 GiB of which 4.92 GiB is free. Including non-PyTorch memory, this "
-        "process has 134.88 GiB memory in use. Of the allocated memory 131.85 GiB is allocated by "
-        "PyTorch, and 1.74 GiB is reserved by PyTorch but unallocated. If reserved but unallocated "
-        "memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-        "fragmentation.")
-H200_CAPPED = ("CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of "
-               "139.80 GiB of which 102.23 GiB is free. Including non-PyTorch memory, this process "
-               "has 37.56 GiB memory in use. 36.51 GiB allowed; Of the allocated memory 36.32 GiB "
-               "is allocated by PyTorch, and 34.60 MiB is reserved by PyTorch but unallocated.")
+# Our own runs on an H200 (tests/fixtures/cuda/README.md), verbatim: the 3B at micro-batch 4, and
+# the 1B capped at half its peak with rank_memory_limit_mb (PyTorch 2.11).
+H200, H200_CAPPED = (Path(__file__).parent / "fixtures" / "cuda" / "h200_oom_messages.txt"
+                     ).read_text().splitlines()
 # PyTorch 2.0's wording (c10/cuda/CUDACachingAllocator.cpp, v2.0.0), with figures of our own.
 TORCH_2_0 = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB (GPU 0; "
              "79.15 GiB total capacity; 76.25 GiB already allocated; 1.02 GiB free; 77.80 GiB "

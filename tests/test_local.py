@@ -74,7 +74,7 @@ def test_sbatch_directives_stop_at_the_first_command() -> None:
 
 
 def test_the_srun_shim_gives_each_node_its_own_gpus() -> None:
-    env = {local.NODE_GPUS_ENV: "3,4;5,6", "CUDA_VISIBLE_DEVICES": "3,4"}
+    env = {srun.NODE_GPUS_ENV: "3,4;5,6", "CUDA_VISIBLE_DEVICES": "3,4"}
     nodes = ["127.0.0.1", "127.0.0.2"]
     assert [srun.task_env(env, nodes, i)["CUDA_VISIBLE_DEVICES"] for i in (0, 1)] == ["3,4", "5,6"]
     assert "CUDA_VISIBLE_DEVICES" not in srun.task_env({}, nodes, 1)

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 
 from sweep.shims.hostlist import expand
 
+# The GPUs of each emulated node of a job, "0,1;2,3" (set by sweep.local): node i's
+# CUDA_VISIBLE_DEVICES is the i-th.
+NODE_GPUS_ENV = "SWEEP_LOCAL_NODE_GPUS"
+
 KILL_WAIT_S = float(os.environ.get("SWEEP_LOCAL_KILL_WAIT_S", "5"))  # slurm.conf KillWait
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -78,7 +82,7 @@ def parse(argv: list[str], environ: dict[str, str]) -> Options:
 
 def task_env(environ: dict[str, str], nodes: list[str], index: int) -> dict[str, str]:
     env = dict(environ)
-    node_gpus = environ.get("SWEEP_LOCAL_NODE_GPUS")  # sweep.local.NODE_GPUS_ENV
+    node_gpus = environ.get(NODE_GPUS_ENV)
     if node_gpus:
         env["CUDA_VISIBLE_DEVICES"] = node_gpus.split(";")[index]
     env.update({

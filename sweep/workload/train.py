@@ -155,7 +155,6 @@ class Trainer:
         self.reports_loss = self.has_last and self.mesh.rank("tp") == 0
 
     def _wrap(self, chunk: Transformer) -> DataParallel:
-        chunk.to(self.device)
         if self.layout.tp > 1:
             apply_tensor_parallel(chunk, self.mesh.mesh["tp"], self.layout.sp)
         if self.layout.cp > 1:
