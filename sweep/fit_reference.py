@@ -35,7 +35,7 @@ from sweep.state import file_sha256
 # Published configurations that ran: they must fit ----------------------------------------------
 #
 # Each table's rows ran on a real cluster, so each must be predicted to fit. The mappings are those
-# of tests/test_memory.py, which states what each table leaves unsaid. llm-foundry is the fit's
+# of tests/test_memory_reference.py, which states what each table leaves unsaid. llm-foundry is the fit's
 # constraint (it bounds the sequential share); the Megatron tables are never fitted on, so every
 # set of constants is out of sample for them.
 
@@ -121,7 +121,7 @@ def llmfoundry_basis(path: str | Path) -> Basis:
 
 
 def megatron_core_basis(path: str | Path) -> Basis:
-    """Megatron-Core's H100 weak scaling (MEGATRON profile). Assumed, as tests/test_memory.py
+    """Megatron-Core's H100 weak scaling (MEGATRON profile). Assumed, as tests/test_memory_reference.py
     does (the table does not say): micro-batch 1, distributed optimizer, sequence parallelism,
     selective recomputation, 1F1B; DP and GBS as published."""
     entries = [Published(
@@ -138,7 +138,7 @@ def megatron_core_basis(path: str | Path) -> Basis:
 def narayanan_basis(path: str | Path) -> Basis:
     """Narayanan et al. 2021 Table 1 on A100 80 GB (MEGATRON profile): fp16, no distributed
     optimizer and no SP, full recomputation (--checkpoint-activations), interleaved 1F1B where
-    --num-layers-per-virtual-pipeline-stage is given (as tests/test_memory.py)."""
+    --num-layers-per-virtual-pipeline-stage is given (as tests/test_memory_reference.py)."""
     entries = []
     for r in pd.read_csv(path).itertuples():
         flags = str(r.extra_flags_in_repro_script).split()
