@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -118,7 +119,22 @@ def outside_allocator() -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def per_run(runs: pd.DataFrame) -> pd.DataFrame:
+DONE_LINE = re.compile(r"sweep\.workload: done run_id=(\S+) .*?startup_s=([\d.]+) .*?build_s=([\d.]+)")
+
+
+def start_up(sweep_dir: Path) -> pd.DataFrame:
+    """Per run: the workload's start-up and model build seconds (rank 0's `done` line)."""
+    found = []
+    for log in sorted(sweep_dir.glob("runs/*/attempts/*/logs/node0.out")):
+        for match in DONE_LINE.finditer(log.read_text(errors="replace")):
+            found.append({"run_id": match[1], "startup_s": float(match[2]), "build_s": float(match[3])})
+    return pd.DataFrame(found, columns=["run_id", "startup_s", "build_s"]).drop_duplicates("run_id", keep="last")
+
+
+def per_run(runs: pd.DataFrame, timings: pd.DataFrame) -> pd.DataFrame:
+    runs = runs.merge(timings, on="run_id", how="left")
+    outside = (runs["mem_outside_allocator_bytes"] if "mem_outside_allocator_bytes" in runs
+               else pd.Series(np.nan, index=runs.index))
     table = pd.DataFrame({
         "model": runs["model"], "mbs": runs["mbs"], "grad_acc": runs["grad_acc"],
         "recompute": runs["recompute"], "outcome": runs["outcome"],
@@ -128,6 +144,7 @@ def per_run(runs: pd.DataFrame) -> pd.DataFrame:
         "resv_meas_gib": runs["mem_reserved_bytes"] / GIB,
         "step_s": runs["step_time_mean_s"], "steps_avg": runs["step_time_n"],
         "tok_s_gpu": runs["tokens_per_sec_per_gpu"], "mfu": runs["mfu_full_attention"],
+        "outside_gib": outside / GIB, "startup_s": runs["startup_s"], "build_s": runs["build_s"],
     })
     table["alloc_err"] = table.alloc_pred_gib / table.alloc_meas_gib - 1.0
     table["resv_err"] = table.resv_pred_gib / table.resv_meas_gib - 1.0
@@ -194,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-capped", action="store_true", help="skip the run capped to OOM")
+    parser.add_argument("--no-memtrack", action="store_true", help="skip the MemTracker breakdowns")
     args = parser.parse_args(argv)
     gpu = args.gpu or catalog_gpu()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -211,9 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     print(check.stdout, check.stderr, sep="\n")
     scores = json.loads(check.stdout) if check.returncode == 0 and check.stdout.strip() else {}
     runs = pd.read_parquet(runs_file)
-    table = per_run(runs)
-    oom = capped_run(args, gpu, table)
-    breakdown = memtrack_breakdowns(args, runs)
+    table = per_run(runs, start_up(args.out / "sweep"))
+    oom = {"skipped": "--no-capped"} if args.no_capped else capped_run(args, gpu, table)
+    breakdown = {"skipped": "--no-memtrack"} if args.no_memtrack else memtrack_breakdowns(args, runs)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.to_string(float_format=lambda v: f"{v:.4f}"))
     print(json.dumps({"outside_allocator": outside, "memory_check": scores, "capped_run": oom,
@@ -233,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         "reserved_max_abs_err": float(resv.max()) if len(done) else float("nan"),
         "mfu_best": float(done.mfu.max()) if len(done) else float("nan"),
         "outside_allocator_gib": outside.get("outside_allocator_bytes", float("nan")) / GIB,
+        "outside_in_runs_max_gib": float(done.outside_gib.max()) if len(done) else float("nan"),
+        "build_s_median": float(done.build_s.median()) if len(done) else float("nan"),
         "sweep_s": sweep_s,
     }
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in headline.items()))

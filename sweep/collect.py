@@ -207,7 +207,9 @@ def _oom_columns(row: dict[str, Any]) -> None:
     if figures is not None:
         row["mem_oom_needed_bytes"] = float(figures.needed_bytes)
         if figures.outside_allocator_bytes is not None:
-            row["mem_outside_allocator_bytes"] = float(figures.outside_allocator_bytes)
+            # the message's figure is taken at the failure, later than any step's sample
+            row["mem_outside_allocator_bytes"] = max(float(figures.outside_allocator_bytes),
+                                                     float(row.get("mem_outside_allocator_bytes") or 0))
 
 
 def _accounting_of(accounting: Mapping[str, Mapping[str, Any]], job_id: Any) -> Any:
@@ -291,6 +293,10 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
             row["mem_allocated_bytes"] = max(float(s.get("mem_allocated_bytes") or 0) for s in mem)
             row["mem_reserved_bytes"] = max(float(s["mem_reserved_bytes"]) for s in mem)
             row["mem_source"] = mem[-1].get("mem_source")
+            outside = [float(s["mem_outside_allocator_bytes"]) for s in mem
+                       if s.get("mem_outside_allocator_bytes") is not None]
+            if outside:
+                row["mem_outside_allocator_bytes"] = max(outside)
         mfus = [s["mfu_pct"] for s in steps if s.get("mfu_pct") is not None and s.get("step", 0) > warmup]
         if mfus:
             row["mfu_reported"] = statistics.fmean(mfus) / 100.0
@@ -331,6 +337,7 @@ def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int |
                "step_time_n": "step_time_n", "tokens_per_sec": "tokens_per_sec",
                "tokens_per_sec_per_gpu": "tokens_per_sec_per_gpu", "final_loss": "final_loss",
                "mem_allocated_bytes": "mem_allocated_bytes", "mem_reserved_bytes": "mem_reserved_bytes",
+               "mem_outside_allocator_bytes": "mem_outside_allocator_bytes",
                "mem_source": "mem_source", "ended_by": "ended_by", "torch_version": "torch_version",
                "steady_state_policy": "steady_state_policy"}
     for key, column in mapping.items():

@@ -143,8 +143,10 @@ _MEMORY = _cols(
     ("mem_source", "string", "", "cuda, cpu-rss-anon, log (the framework's memory lines) or cuda:rank0 (imports)"),
     ("mem_oom_needed_bytes", "float64", "bytes", "CUDA OOMs: allocated by PyTorch + the request that "
      "failed, from PyTorch's message (largest over ranks): a lower bound of the peak the run needed"),
-    ("mem_outside_allocator_bytes", "float64", "bytes", "CUDA OOMs: what the process held beyond the "
-     "caching allocator (CUDA context, libraries, NCCL), from PyTorch ≥ 2.1's message"),
+    ("mem_outside_allocator_bytes", "float64", "bytes", "CUDA: what the device held beyond the "
+     "caching allocator (CUDA context, libraries, NCCL), max over ranks: the built-in workload "
+     "measures it each step (cudaMemGetInfo less memory_reserved); an OOM's PyTorch ≥ 2.1 message "
+     "gives it at the failure"),
     ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
      "(plan column mem_allocated_bytes, via run.json `predicted`)"),
     ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "

@@ -13,8 +13,9 @@ runs that vary the pipeline depth, the micro-batch and the vocabulary to tell th
 and its constraints are fractions of hundreds of runs), so this module fits one number: a factor
 `k` on everything the memory model puts in the allocator (allocated tensors and fragmentation,
 i.e. the predicted reserved peak). The runtime overhead outside it (CUDA context, libraries, NCCL
-buffers) stays as predicted unless the attempts measured it: a CUDA OOM's message says what the
-process held outside the allocator (`mem_outside_allocator_bytes`, sweep.cuda_oom). Then every
+buffers) stays as predicted unless the attempts measured it (`mem_outside_allocator_bytes`): the
+built-in workload samples it at every step on CUDA, and a CUDA OOM's message says what the
+process held outside the allocator when it failed (sweep.cuda_oom). Then every
 prediction's overhead is raised by the largest excess measured over the predicted one, `d`
 (on an H200 the context alone was 1.2-1.3 GiB against the 512 MiB assumed). A reading below the
 prediction lowers nothing: an OOM can come before NCCL has set up its buffers. For attempt i with

@@ -445,6 +445,27 @@ def test_collect_records_the_figures_of_an_oom_attempt(tmp_path: Path) -> None:
 
 
 
+def test_a_completed_attempt_keeps_the_memory_it_measured_outside_the_allocator(tmp_path: Path) -> None:
+    """The built-in workload samples it each step on CUDA; self-calibration learns the runtime
+    overhead from completed runs, not only from OOMs."""
+    config = make_config()
+    run_dir = write_run(tmp_path, config)
+    write_attempt(run_dir, 1, times=[0.5] * 10, status=completed_status(config.run_id),
+                  summary={**SUMMARY, "mem_outside_allocator_bytes": 1_300_000_000})
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert row["mem_outside_allocator_bytes"] == 1_300_000_000
+
+
+def test_an_oom_attempt_keeps_the_larger_of_its_sampled_and_its_message_s_overhead(tmp_path: Path) -> None:
+    config = make_config()
+    status = {**completed_status(config.run_id), "outcome": "oom", "reason": "cuda_oom",
+              "evidence": [H200_OOM]}
+    write_attempt(write_run(tmp_path, config), 1, times=[0.5], status=status,
+                  summary={**SUMMARY, "mem_outside_allocator_bytes": 2 * 2**30})
+    (row,) = collect_sweep(tmp_path).table.to_pylist()
+    assert row["mem_outside_allocator_bytes"] == 2 * 2**30  # the message says 1.29 GiB
+
+
 def test_a_runs_parquet_written_before_a_column_was_added_is_recomputed(tmp_path: Path) -> None:
     """After an upgrade adds a column, collect computes every row again instead of failing to
     reuse rows that lack it."""

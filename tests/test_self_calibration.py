@@ -93,6 +93,17 @@ def test_the_overhead_is_raised_by_the_largest_excess_the_oom_messages_measured(
     assert fit_correction(ev).overhead_delta_bytes == 0.0  # a smaller reading lowers nothing
 
 
+def test_a_completed_run_s_measured_overhead_counts_as_well() -> None:
+    """The built-in workload samples the memory outside the allocator at every step on CUDA, so a
+    first round that never ran out of memory still teaches the overhead: 180 MiB measured against
+    100 MiB predicted tightens the completed run's edge to (500 - 100 - 80) / 200."""
+    ev = evidence(("completed", 150, 200, 500), ("oom", None, 300, 500))
+    ev["measured_outside"] = [180.0 * MiB, np.nan]
+    fit = fit_correction(ev)
+    assert fit.overhead_delta_bytes == pytest.approx(80 * MiB) and fit.n_overhead_measured == 1
+    assert fit.upper == pytest.approx(320 / 200) and fit.lower == pytest.approx(320 / 300)
+
+
 # Reading and refusing -----------------------------------------------------------------------------
 
 @pytest.fixture()

@@ -1,6 +1,11 @@
 """Per-rank memory: what a step used, a per-rank cap, and the tensor-level tracker.
 
-- CUDA: `max_memory_allocated` / `max_memory_reserved` since start-up.
+- CUDA: `max_memory_allocated` / `max_memory_reserved` since start-up, and the memory the device
+  has in use beyond the allocator's current reserve (`cudaMemGetInfo`'s used less
+  `memory_reserved`): the CUDA context, NCCL's buffers and the libraries' handles, which the
+  memory model adds as its overhead and self-calibration learns from (sweep.self_calibration).
+  cudaMemGetInfo counts the whole device, so another process on the same GPU would count too;
+  `sweep run` and Slurm's GPU binding give each job GPUs of its own.
 - CPU: growth of the anonymous RSS (heap and tensors, /proc/self/status RssAnon) over the
   baseline taken after the process group came up and the layout's modules were imported.
   "allocated" is the growth at the end of the step; "reserved" the peak growth, from the peak
@@ -17,21 +22,16 @@
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from sweep.workload.metrics import MemorySample
 
 MIB = 1024 * 1024
 # The last one: a lazy import of a shared library under the RLIMIT_AS cap.
 OOM_MARKERS = ("can't allocate memory", "Cannot allocate memory", "CUDA out of memory", "std::bad_alloc",
                "failed to map segment from shared object")
-
-
-@dataclass(frozen=True)
-class MemorySample:
-    allocated_bytes: int
-    reserved_bytes: int
 
 
 class MemoryProbe:
@@ -49,8 +49,10 @@ class MemoryProbe:
 
     def sample(self) -> MemorySample:
         if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
             return MemorySample(int(torch.cuda.max_memory_allocated(self.device)),
-                                int(torch.cuda.max_memory_reserved(self.device)))
+                                int(torch.cuda.max_memory_reserved(self.device)),
+                                max(0, int(total - free - torch.cuda.memory_reserved(self.device))))
         now, base = _memory_kib(), self.baseline
         anon = now["RssAnon"] - base["RssAnon"]
         peak = now["VmHWM"] - base["VmRSS"] - max(0, now["RssFile"] - base["RssFile"])

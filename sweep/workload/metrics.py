@@ -21,6 +21,20 @@ from sweep.model import ModelShape
 
 
 @dataclass(frozen=True)
+class MemorySample:
+    """One rank's memory after a step (sweep.workload.memory_tracking measures it).
+
+    `outside_allocator_bytes`: what the device has in use beyond the caching allocator's reserve
+    (CUDA context, NCCL's buffers, cuBLAS/cuDNN handles): the runtime overhead the memory model
+    adds to the reserved peak. None where it is not measured (CPU).
+    """
+
+    allocated_bytes: int
+    reserved_bytes: int
+    outside_allocator_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class RunFacts:
     """What every record of a run shares."""
 
@@ -45,16 +59,21 @@ def _throughput(facts: RunFacts, step_time_s: float) -> dict[str, Any]:
 
 
 def step_record(facts: RunFacts, step: int, step_time_s: float, loss: float,
-                mem_per_rank: list[tuple[int, int]], now: float | None = None) -> dict[str, Any]:
-    """One step; mem_per_rank[r] = (allocated, reserved) bytes of rank r."""
+                mem_per_rank: list[MemorySample], now: float | None = None) -> dict[str, Any]:
+    """One step; mem_per_rank[r] is rank r's memory. The run's figures are the max over ranks:
+    the most loaded rank is the one that must fit."""
+    outside = [m.outside_allocator_bytes for m in mem_per_rank if m.outside_allocator_bytes is not None]
     return {"kind": "step", "step": step, "time": time.time() if now is None else now,
             "step_time_s": step_time_s, "tokens": facts.tokens_per_step, "loss": loss,
             **_throughput(facts, step_time_s),
-            "mem_allocated_bytes": max(a for a, _ in mem_per_rank),
-            "mem_reserved_bytes": max(r for _, r in mem_per_rank),
+            "mem_allocated_bytes": max(m.allocated_bytes for m in mem_per_rank),
+            "mem_reserved_bytes": max(m.reserved_bytes for m in mem_per_rank),
+            "mem_outside_allocator_bytes": max(outside, default=None),
             "mem_source": facts.mem_source,
-            "mem_per_rank": [{"rank": rank, "allocated_bytes": a, "reserved_bytes": r}
-                             for rank, (a, r) in enumerate(mem_per_rank)]}
+            "mem_per_rank": [{"rank": rank, "allocated_bytes": m.allocated_bytes,
+                              "reserved_bytes": m.reserved_bytes,
+                              "outside_allocator_bytes": m.outside_allocator_bytes}
+                             for rank, m in enumerate(mem_per_rank)]}
 
 
 def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: int, *,
@@ -86,6 +105,9 @@ def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: i
         "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source,
         "mem_allocated_bytes": max((s["mem_allocated_bytes"] for s in steps), default=None),
         "mem_reserved_bytes": max((s["mem_reserved_bytes"] for s in steps), default=None),
+        "mem_outside_allocator_bytes": max((s["mem_outside_allocator_bytes"] for s in steps
+                                            if s.get("mem_outside_allocator_bytes") is not None),
+                                           default=None),
         "mem_source": facts.mem_source, "ended_by": ended_by, "early_stop": early_stop,
         "final_loss": steps[-1]["loss"] if steps else None,
         "device": device, "world_size": facts.world_size, "torch_version": torch_version,

@@ -288,16 +288,17 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     for step in range(1, steps + 1):
         start = _now(device)
         loss = trainer.step(step)
-        stats = torch.zeros(2 + 2 * world, dtype=torch.float64, device=device)
+        stats = torch.zeros(2 + _MEMORY_FIELDS * world, dtype=torch.float64, device=device)
         if trainer.reports_loss:
             stats[0], stats[1] = loss.double(), 1.0
-        sample = probe.sample()
-        stats[2 + 2 * rank], stats[3 + 2 * rank] = sample.allocated_bytes, sample.reserved_bytes
+        stats[2 + _MEMORY_FIELDS * rank: 2 + _MEMORY_FIELDS * (rank + 1)] = \
+            torch.tensor(_memory_fields(probe.sample()), dtype=torch.float64)
         dist.all_reduce(stats)  # also the step's end: every rank has finished it
         values = stats.tolist()
         step_time = _now(device) - start
         mean_loss = values[0] / values[1]
-        per_rank = [(int(values[2 + 2 * r]), int(values[3 + 2 * r])) for r in range(world)]
+        per_rank = [_memory_sample(values[2 + _MEMORY_FIELDS * r: 2 + _MEMORY_FIELDS * (r + 1)])
+                    for r in range(world)]
         result.losses.append(mean_loss)
         if writer is not None:
             record = metrics.step_record(facts, step, step_time, mean_loss, per_rank)
@@ -353,6 +354,22 @@ def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list
     if rank == 0:
         atomic_write_json(attempt_dir / MEMTRACK_FILE, {"step": step, "peak_bytes_per_rank": gathered})
     return gathered
+
+
+_MEMORY_FIELDS = 3  # per rank in a step's stats tensor: allocated, reserved, outside the allocator
+_NOT_MEASURED = -1.0
+
+
+def _memory_fields(sample: metrics.MemorySample) -> list[float]:
+    outside = sample.outside_allocator_bytes
+    return [float(sample.allocated_bytes), float(sample.reserved_bytes),
+            _NOT_MEASURED if outside is None else float(outside)]
+
+
+def _memory_sample(fields: list[float]) -> metrics.MemorySample:
+    """The inverse of `_memory_fields`, after the all-reduce (each rank filled only its slots)."""
+    allocated, reserved, outside = fields
+    return metrics.MemorySample(int(allocated), int(reserved), None if outside < 0 else int(outside))
 
 
 def _now(device: torch.device) -> float:

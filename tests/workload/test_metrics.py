@@ -9,7 +9,7 @@ import pytest
 
 from sweep.catalog import get_model
 from sweep.flops import flops_per_token_all
-from sweep.workload.metrics import MetricsWriter, RunFacts, step_record, summary_record
+from sweep.workload.metrics import MemorySample, MetricsWriter, RunFacts, step_record, summary_record
 
 FACTS = RunFacts(shape=get_model("tiny-4l"), seq_len=64, tokens_per_step=256, world_size=2,
                  peak_flops=1e11, peak_flops_source="measured:cpu-matmul-fp32", mem_source="cpu-rss-anon")
@@ -17,7 +17,8 @@ TIMES = [0.9, 0.21, 0.2, 0.23, 0.19]
 
 
 def steps() -> list[dict]:
-    return [step_record(FACTS, i + 1, t, 7.0 - 0.1 * i, [(100 + i, 200 + i), (150, 90)], now=1000.0 + i)
+    return [step_record(FACTS, i + 1, t, 7.0 - 0.1 * i,
+                        [MemorySample(100 + i, 200 + i), MemorySample(150, 90)], now=1000.0 + i)
             for i, t in enumerate(TIMES)]
 
 
@@ -35,8 +36,20 @@ def test_a_step_record_derives_throughput_and_mfu_from_one_formula() -> None:
 def test_a_step_record_reports_the_max_over_ranks_and_each_rank() -> None:
     record = steps()[1]
     assert record["mem_allocated_bytes"] == 150 and record["mem_reserved_bytes"] == 201
-    assert record["mem_per_rank"] == [{"rank": 0, "allocated_bytes": 101, "reserved_bytes": 201},
-                                      {"rank": 1, "allocated_bytes": 150, "reserved_bytes": 90}]
+    assert record["mem_per_rank"] == [
+        {"rank": 0, "allocated_bytes": 101, "reserved_bytes": 201, "outside_allocator_bytes": None},
+        {"rank": 1, "allocated_bytes": 150, "reserved_bytes": 90, "outside_allocator_bytes": None}]
+    assert record["mem_outside_allocator_bytes"] is None  # not measured (CPU)
+
+
+def test_memory_outside_the_allocator_is_the_max_over_the_ranks_that_measured_it() -> None:
+    ranks = [MemorySample(1, 2, 1_300_000_000), MemorySample(1, 2, None), MemorySample(1, 2, 1_250_000_000)]
+    record = step_record(FACTS, 1, 0.5, 7.0, ranks, now=0.0)
+    assert record["mem_outside_allocator_bytes"] == 1_300_000_000
+    later = step_record(FACTS, 2, 0.5, 7.0, [MemorySample(1, 2, 1_400_000_000)], now=1.0)
+    summary = summary_record(FACTS, [record, later], 1, ended_by="step_budget", device="cuda:0",
+                             torch_version="x")
+    assert summary["mem_outside_allocator_bytes"] == 1_400_000_000
 
 
 def test_the_summary_skips_warmup_and_uses_the_sample_std() -> None:
