@@ -302,8 +302,9 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         gather = np.where((zero >= 1) & (n_dense > 1),
                           prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
         # what the optimizer step needs beyond the activation peak's state: the gradients made after
-        # it, and the ZeRO-1 all-gather
-        return weights, grads, optim, gather + param_grads * grads_later
+        # it, the ZeRO-1 all-gather and the optimizer's own temporaries
+        temporaries = sharded(prof.optimizer_step_temp_bytes, 1)
+        return weights, grads, optim, gather + param_grads * grads_later + temporaries
 
     recomputed = _one_layer_at_a_time(masks, prof)
     act_first, act_last, logits_first, logits, first_mb, last_mb = _activations(

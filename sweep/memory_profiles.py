@@ -115,6 +115,12 @@ class MemoryProfile:
     # zero_grad(set_to_none=True): with one micro-batch per step the gradients are made during
     # backward, after the activation peak (the logits' backward), so that peak holds none of them
     grads_freed_each_step: bool = False
+    # Bytes per parameter the optimizer step allocates beyond its state, sharded as that state:
+    # torch.optim.AdamW's foreach implementation (PyTorch's default on CUDA when neither `fused`
+    # nor `foreach` is set) takes sqrt(exp_avg_sq) of the whole parameter group at once
+    # (torch/optim/adam.py `_multi_tensor_adam`: `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`),
+    # one fp32 copy of the parameters; the fused kernels (apex/TE FusedAdam, `fused=True`) need none
+    optimizer_step_temp_bytes: float = 0.0
     logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
     tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
     workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
@@ -181,10 +187,12 @@ BUILTIN: Final = MemoryProfile(
     # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to
     # the query heads before SDPA; its selective policy keeps every mm and attention output;
     # cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients beside
-    # it (12 bytes per logit); the optimizer sets param.grad to None after each step.
+    # it (12 bytes per logit); the optimizer sets param.grad to None after each step. Its AdamW
+    # takes PyTorch's default implementation, foreach on CUDA: an fp32 sqrt(v) of every parameter
+    # at the step (on CPU the default is per tensor, so this over-counts a CPU run by that much).
     norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
     selective_saves=("wq", "wk", "wv", "wo", "w1", "w3", "w2"), logits_bytes_per_element=12.0,
-    grads_freed_each_step=True,
+    grads_freed_each_step=True, optimizer_step_temp_bytes=4.0,
 )
 
 # Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,
