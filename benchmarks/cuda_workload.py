@@ -18,7 +18,10 @@ group, runs an all-reduce, a bf16 GEMM and flash attention, and reports the devi
 (cudaMemGetInfo) less what the allocator reserved. With one rank NCCL sets up no peer
 connections, so this is a lower bound of a multi-GPU job's overhead.
 
-    python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...]
+    python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...] [--no-capped] [--no-memtrack]
+
+Per run it also prints the start-up and model-build seconds (rank 0's `done` line) and the memory
+the run measured outside the allocator at its steps.
 
 The last line holds the headline figures as key=value pairs.
 """

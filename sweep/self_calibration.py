@@ -358,8 +358,8 @@ def describe(calibration: Calibration, changed: dict[str, int]) -> list[str]:
                      f"{np.median(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
     if m.overhead_delta_bytes:
         lines.append(f"  overhead outside the allocator + {m.overhead_delta_bytes / 2**30:.2f} GiB: "
-                     f"the largest excess over the prediction that {m.n_overhead_measured} OOM "
-                     "message(s) measured")
+                     f"the largest excess over the prediction among {m.n_overhead_measured} "
+                     "attempt(s) that measured it (CUDA step samples, OOM messages)")
     if m.unexplained_ooms:
         lines.append(f"  {len(m.unexplained_ooms)} OOM(s) no factor explains beside the "
                      f"completed runs, left out: {', '.join(m.unexplained_ooms)}")
