@@ -137,20 +137,35 @@ def sick_node_runs(table: pd.DataFrame) -> pd.Series:
     return (measured < 0.5 * measured.median()).fillna(False).astype(bool)
 
 
+STALE_PIPELINE: Final = "pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)"
+SICK_NODE: Final = "runs on a node whose NVLink all-reduce measured under half the table's median"
+FIT_EXCLUSION: Final = "throughput_fit_exclusion"  # runs.parquet: the reason, recorded at import
+
+
+def fit_exclusion_reasons(table: pd.DataFrame) -> pd.Series:
+    """Per row, why the throughput model is not fitted or scored on it (None: it counts): the
+    reason a runs.parquet recorded (`throughput_fit_exclusion`, written by `sweep
+    import-playbook`), else what a published table's own columns say (`stale_pipeline_runs`,
+    then `sick_node_runs`)."""
+    reasons = np.full(len(table), None, dtype=object)
+    for reason, excluded in ((SICK_NODE, sick_node_runs(table)),
+                             (STALE_PIPELINE, stale_pipeline_runs(table))):
+        reasons[excluded.to_numpy(bool)] = reason  # the stale flag wins where both hold
+    if FIT_EXCLUSION in table:
+        recorded = table[FIT_EXCLUSION].to_numpy(object)
+        given = pd.notna(recorded)
+        reasons[given] = recorded[given]
+    return pd.Series(reasons, index=table.index, dtype=object)
+
+
 def without_fit_exclusions(table: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """The rows of a runs table the throughput model is fitted and scored on, and how many were
-    left out, by reason (`stale_pipeline_runs`, then `sick_node_runs`; a row counts once)."""
-    exclusions = {"pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)":
-                  stale_pipeline_runs(table),
-                  "runs on a node whose NVLink all-reduce measured under half the table's median":
-                  sick_node_runs(table)}
-    keep = pd.Series(True, index=table.index)
-    left_out: dict[str, int] = {}
-    for reason, excluded in exclusions.items():
-        if (excluded & keep).any():
-            left_out[reason] = int((excluded & keep).sum())
-        keep &= ~excluded
-    return table[keep], left_out
+    left out, by reason (`fit_exclusion_reasons`; a row counts once)."""
+    reasons = fit_exclusion_reasons(table)
+    counts = reasons.dropna().value_counts()
+    order = [STALE_PIPELINE, SICK_NODE, *sorted(set(counts.index) - {STALE_PIPELINE, SICK_NODE})]
+    left_out = {str(reason): int(counts[reason]) for reason in order if reason in counts}
+    return table[reasons.isna().to_numpy()], left_out
 
 
 def error_summary(errors: np.ndarray) -> dict[str, float]:
@@ -286,5 +301,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
     return out.assign(pred_rank=rank.reindex(frame.index).astype("Int64"))
 
 
-__all__ = ["default_prior", "describe_default_prior", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["default_prior", "describe_default_prior", "fit_exclusion_reasons", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

@@ -19,7 +19,9 @@ from typing import Any, Final
 import pandas as pd
 
 from sweep import catalog
+from sweep.calibrate import fit_exclusion_reasons
 from sweep.layout import Layout
+from sweep.replay_tables import INTER_NODE_BUSBW
 from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.runconfig import RunConfig
 from sweep.schema import GIB, SCHEMA_VERSION
@@ -60,10 +62,27 @@ def import_playbook(path: str | Path) -> list[dict[str, Any]]:
                            "its results-table format (`job_id` and `name` columns); pass a file "
                            "shaped like $SWEEP_REFDATA/playbook_runs_1B_8B.csv")
     rows = [convert(record, path, line) for line, record in enumerate(frame.to_dict("records"), 2)]
+    if convert is _bench_row:
+        _fit_conditions(rows, frame)
     seen: dict[str, int] = {}
     for row in rows:  # a repeated configuration is another attempt of the same run
         seen[row["run_id"]] = row["attempt"] = seen.get(row["run_id"], 0) + 1
     return rows
+
+
+def _fit_conditions(rows: list[dict[str, Any]], frame: pd.DataFrame) -> None:
+    """What nanotron's results table says about the conditions each run met, kept so that a fit
+    on the imported runs.parquet is the fit on the table: the network its job measured across
+    its nodes (`AllReduce (GB/s)`, multi-node runs only), and why a run is left out of
+    throughput fits (`sweep.calibrate.fit_exclusion_reasons`: pipeline runs from before
+    nanotron's 1F1B fix, runs on a node whose NVLink measured degraded). Both need the whole
+    table: the second compares each job with the table's median."""
+    reasons = fit_exclusion_reasons(frame)
+    measured = (pd.to_numeric(frame[INTER_NODE_BUSBW], errors="coerce").where(frame.nodes > 1)
+                if INTER_NODE_BUSBW in frame else pd.Series(float("nan"), index=frame.index))
+    for row, reason, busbw in zip(rows, reasons, measured, strict=True):
+        row["throughput_fit_exclusion"] = None if pd.isna(reason) else str(reason)
+        row["inter_node_busbw_GBps"] = None if pd.isna(busbw) else float(busbw)
 
 
 def _require(frame: pd.DataFrame, columns: tuple[str, ...], path: Path, shape: str) -> None:

@@ -119,6 +119,12 @@ _STEADY = _cols(
     ("final_loss", "float64", "", "last loss"),
     ("tokens_per_sec", "float64", "tokens/s", "global throughput over the steady-state steps"),
     ("tokens_per_sec_per_gpu", "float64", "tokens/s/GPU", "tokens_per_sec / world_size"),
+    ("inter_node_busbw_GBps", "float64", "GB/s", "all-reduce bus bandwidth the job measured across "
+     "its nodes before it ran (imports of nanotron's results table, `AllReduce (GB/s)`, multi-node "
+     "runs): the throughput fit uses it in place of the catalog's network"),
+    ("throughput_fit_exclusion", "string", "", "why the throughput fit leaves this run out "
+     "(imports: nanotron's pipeline runs from before its 1F1B fix, runs on a node with degraded "
+     "NVLink); null: it counts"),
 )
 _FLOPS = _cols(
     "FLOPs and MFU",

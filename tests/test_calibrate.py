@@ -6,7 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep.calibrate import fit, fit_matrix, observed_step_time, relative_errors
+from sweep.calibrate import (
+    FIT_EXCLUSION,
+    INTRA_NODE_BUSBW,
+    SICK_NODE,
+    STALE_PIPELINE,
+    fit,
+    fit_exclusion_reasons,
+    fit_matrix,
+    observed_step_time,
+    relative_errors,
+    without_fit_exclusions,
+)
 from sweep.catalog import get_gpu, get_model
 from sweep.throughput import Coefficients, Workload, features, predict, tokens_per_step
 
@@ -171,3 +182,18 @@ def test_the_calibrated_model_is_within_15_percent_on_the_playbook_runs(refdata,
     for name, frame, work in groups:
         held = fit([(f, w) for n, f, w in groups if n != name]).coefficients
         assert np.median(np.abs(relative_errors(frame, work, held))) < 0.22, name
+
+
+def test_a_fit_leaves_out_what_the_table_flags_or_what_runs_parquet_recorded() -> None:
+    """nanotron's results table says it in its own columns (a stale pipeline run, a job whose
+    NVLink measured degraded); `sweep import-playbook` records the reason in runs.parquet, which
+    has neither column. A row counts once, the stale flag first."""
+    published = pd.DataFrame({"pp": [1, 2, 2, 1, 1], "after_pp_fix": [False, False, True, True, True],
+                              INTRA_NODE_BUSBW: [450.0, 40.0, 440.0, 45.0, 460.0]})
+    assert fit_exclusion_reasons(published).tolist() == [None, STALE_PIPELINE, None, SICK_NODE, None]
+    kept, left_out = without_fit_exclusions(published)
+    assert kept.index.tolist() == [0, 2, 4] and left_out == {STALE_PIPELINE: 1, SICK_NODE: 1}
+    imported = pd.DataFrame({"pp": [1, 2, 1], FIT_EXCLUSION: [None, STALE_PIPELINE, "another reason"]})
+    kept, left_out = without_fit_exclusions(imported)
+    assert kept.index.tolist() == [0] and left_out == {STALE_PIPELINE: 1, "another reason": 1}
+    assert without_fit_exclusions(pd.DataFrame({"pp": [1, 2]}))[1] == {}  # nothing flagged

@@ -6,13 +6,17 @@ import collections
 import csv
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
 from sweep import catalog, flops
 from sweep.cli import main
+from sweep.commands.calibrate import completed_groups
 from sweep.playbook_import import PlaybookFormatError, import_playbook
 from sweep.schema import GIB, to_table
+from sweep.spec import load_spec
+from sweep.throughput import MEASURED_INTER_NODE
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +90,29 @@ def test_the_full_results_table_tells_oom_from_other_failures(refdata: Path) -> 
     done = next(r for r in rows if r["outcome"] == "completed")
     assert done["slurm_job_id"] and done["mem_allocated_bytes"] < done["mem_reserved_bytes"]
     assert {r["model_label"] for r in rows} == {"1B", "8B"}
+
+
+def test_a_throughput_fit_on_the_imported_table_sees_what_it_sees_on_the_table(
+        refdata: Path, repo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runs a fit must leave out (pre-fix pipeline runs, a sick node's) and the network each
+    job measured come along, so `sweep calibrate` on the runs.parquet fits the same rows with the
+    same bandwidths as on nanotron's CSV; before, it fitted 1027 runs instead of 751."""
+    table = refdata / "playbook_bench_full_1B_8B.csv"
+    imported = tmp_path / "runs.parquet"
+    assert main(["import-playbook", str(table), "--out", str(imported)]) == 0
+    spec = load_spec(repo_root / "examples" / "playbook.yaml")
+    groups = {path: completed_groups(path, spec) for path in (table, imported)}
+    said = capsys.readouterr().out
+    assert said.count("left out 771 pipeline runs made before nanotron's pipeline fix") == 2
+    assert said.count("left out 10 runs on a node whose NVLink") == 2
+    columns = ["nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "tokens_per_s_per_gpu",
+               MEASURED_INTER_NODE]
+    for (name, from_csv, _), (other, from_parquet, _) in zip(*groups.values(), strict=True):
+        assert name == other
+        pd.testing.assert_frame_equal(from_csv[columns].reset_index(drop=True),
+                                      from_parquet[columns].reset_index(drop=True),
+                                      check_dtype=False)
+    assert sum(len(g) for _, g, _ in groups[imported]) == 751
 
 
 def test_a_file_of_another_shape_is_refused_with_the_fix(tmp_path) -> None:
