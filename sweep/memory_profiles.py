@@ -171,6 +171,11 @@ TORCHTITAN: Final = MemoryProfile(
     # second mm"), counted per layer in the order the Llama block calls them: wq, wk, wv, wo, w1,
     # w3, w2 (torchtitan/models/llama3/model/model.py), so the 1st, 3rd, 5th and 7th are kept
     selective_saves=("wq", "wv", "w1", "w2"),
+    # train_step starts with `self.optimizers.zero_grad()` (torchtitan/train.py, v0.2.2), which
+    # sets every grad to None; FSDP2 makes each sharded gradient in that step's backward, so with
+    # one micro-batch the activation peak (the logits' backward) holds none of them. Its default
+    # optimizer is fused (job_config.py `implementation: ... = "fused"`): no step temporaries.
+    grads_freed_each_step=True,
 )
 
 BUILTIN: Final = MemoryProfile(
@@ -202,6 +207,7 @@ LLMFOUNDRY: Final = replace(
     TORCHTITAN, name="llmfoundry",
     description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
     logits_bytes_per_element=4.0, selective_saves=(),
+    grads_freed_each_step=False,  # Composer's FSDP(1) and its zero_grad: not read, so not assumed
 )
 
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
