@@ -420,3 +420,9 @@ def test_runs_that_configure_the_caching_allocator_are_told_the_memory_model_did
     assert ("was fitted on runs without it (nanotron's defaults), so the reserved peaks, and what "
             "is pruned or probed near the limit, may be off") in printed
     assert "`sweep plan --calibrate-from RUNS` rescales them" in printed
+    assert "with expandable_segments:True on an H200 (the built-in workload) that reserve fell" in printed
+    (tmp_path / "c").mkdir()
+    other = write_spec(tmp_path / "c", SPEC + "run:\n  env: {PYTORCH_CUDA_ALLOC_CONF: 'max_split_size_mb:512'}\n")
+    assert main(["plan", str(other), "--out", str(tmp_path / "c" / "o")]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "max_split_size_mb:512" in printed and "expandable_segments:True on an H200" not in printed
