@@ -21,7 +21,7 @@ import pandas as pd
 from sweep import catalog
 from sweep.calibrate import fit_exclusion_reasons
 from sweep.layout import Layout
-from sweep.replay_tables import INTER_NODE_BUSBW
+from sweep.replay_tables import measured_inter_node
 from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.runconfig import RunConfig
 from sweep.schema import GIB, SCHEMA_VERSION
@@ -78,9 +78,7 @@ def _fit_conditions(rows: list[dict[str, Any]], frame: pd.DataFrame) -> None:
     nanotron's 1F1B fix, runs on a node whose NVLink measured degraded). Both need the whole
     table: the second compares each job with the table's median."""
     reasons = fit_exclusion_reasons(frame)
-    measured = (pd.to_numeric(frame[INTER_NODE_BUSBW], errors="coerce").where(frame.nodes > 1)
-                if INTER_NODE_BUSBW in frame else pd.Series(float("nan"), index=frame.index))
-    for row, reason, busbw in zip(rows, reasons, measured, strict=True):
+    for row, reason, busbw in zip(rows, reasons, measured_inter_node(frame), strict=True):
         row["throughput_fit_exclusion"] = None if pd.isna(reason) else str(reason)
         row["inter_node_busbw_GBps"] = None if pd.isna(busbw) else float(busbw)
 

@@ -39,6 +39,14 @@ class Replay:
                       {m: v for m, v in self.by_model.items() if m in models})
 
 
+def measured_inter_node(results: pd.DataFrame) -> pd.Series:
+    """Per row of nanotron's results table, the all-reduce bus bandwidth (GB/s) its job measured
+    across its nodes before it ran; NaN for one-node jobs (no network) and where it is missing."""
+    if INTER_NODE_BUSBW not in results:
+        return pd.Series(np.nan, index=results.index)
+    return pd.to_numeric(results[INTER_NODE_BUSBW], errors="coerce").where(results.nodes > 1)
+
+
 def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Workload]
                    ) -> pd.DataFrame:
     """Map a runs table onto (model, nodes, layout, status, tokens_per_s_per_gpu).
@@ -66,9 +74,8 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
                               "mbs": runs.mbs, "grad_acc": runs.batch_accum,
                               "zero_stage": runs.zero_stage, "status": status,
                               "tokens_per_s_per_gpu": runs["tok/s/gpu"]})
-        if INTER_NODE_BUSBW in runs:  # the network each job measured before it ran
-            frame[MEASURED_INTER_NODE] = pd.to_numeric(runs[INTER_NODE_BUSBW], errors="coerce") \
-                .where(runs.nodes > 1)
+        if INTER_NODE_BUSBW in runs:
+            frame[MEASURED_INTER_NODE] = measured_inter_node(runs)
         return frame
     needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
               "tokens_per_s_per_gpu"}

@@ -70,7 +70,7 @@ REQUIRED_COLUMNS: Final = ("run_id", "attempt", "framework", "model", "gpus_per_
                            "settings_json")
 RULE: Final = (
     "k multiplies the predicted reserved peak (allocated + fragmentation; the CUDA/NCCL overhead "
-    "stays as predicted, raised by the largest excess the OOM messages measured): k = the "
+    "stays as predicted, raised by the largest excess the attempts measured): k = the "
     "geometric mean of measured / predicted over completed attempts with a peak "
     "(1 without one), moved as little as needed so every completed attempt is predicted to fit "
     "and every OOM not to; an OOM no k can explain beside the completed attempts is listed as "

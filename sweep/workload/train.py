@@ -291,14 +291,12 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
         stats = torch.zeros(2 + _MEMORY_FIELDS * world, dtype=torch.float64, device=device)
         if trainer.reports_loss:
             stats[0], stats[1] = loss.double(), 1.0
-        stats[2 + _MEMORY_FIELDS * rank: 2 + _MEMORY_FIELDS * (rank + 1)] = \
-            torch.tensor(_memory_fields(probe.sample()), dtype=torch.float64)
+        stats[_memory_slots(rank)] = torch.tensor(_memory_fields(probe.sample()), dtype=torch.float64)
         dist.all_reduce(stats)  # also the step's end: every rank has finished it
         values = stats.tolist()
         step_time = _now(device) - start
         mean_loss = values[0] / values[1]
-        per_rank = [_memory_sample(values[2 + _MEMORY_FIELDS * r: 2 + _MEMORY_FIELDS * (r + 1)])
-                    for r in range(world)]
+        per_rank = [_memory_sample(values[_memory_slots(r)]) for r in range(world)]
         result.losses.append(mean_loss)
         if writer is not None:
             record = metrics.step_record(facts, step, step_time, mean_loss, per_rank)
@@ -358,6 +356,11 @@ def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list
 
 _MEMORY_FIELDS = 3  # per rank in a step's stats tensor: allocated, reserved, outside the allocator
 _NOT_MEASURED = -1.0
+
+
+def _memory_slots(rank: int) -> slice:
+    """Where rank `rank`'s memory fields sit in a step's stats tensor (after loss and count)."""
+    return slice(2 + _MEMORY_FIELDS * rank, 2 + _MEMORY_FIELDS * (rank + 1))
 
 
 def _memory_fields(sample: metrics.MemorySample) -> list[float]:
