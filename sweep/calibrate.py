@@ -23,10 +23,21 @@ import pandas as pd
 from sweep import catalog, space
 from sweep.model import count_parameters
 from sweep.spec import Spec
-from sweep.throughput import FEATURES, GRAD_REDUCE_BYTES, Coefficients, Workload, features, predict
+from sweep.throughput import (
+    FEATURES,
+    GRAD_REDUCE_BYTES,
+    Coefficients,
+    Workload,
+    features,
+    predict,
+    predict_step,
+    step_time as combine_terms,
+)
 
 MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
+# How the GPU's and the host's queues combine (`sweep.throughput.step_time`): 0 adds them.
+OVERLAP_POWER_GRID = (0.0, 2.0, 4.0, 8.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -39,7 +50,8 @@ class Fit:
 
 def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = Coefficients(),
                fixed: tuple[str, ...] = (), iterations: int = 3000, delta: float = 0.05,
-               ridge: float = 1e-4, inter_scaling: float = 0.0) -> Coefficients:
+               ridge: float = 1e-4, inter_scaling: float = 0.0,
+               overlap_power: float = 0.0) -> Coefficients:
     """Coefficients for a feature matrix and measured step times (seconds).
 
     Minimises the mean pseudo-Huber loss of log(predicted / measured) over θ = prior · exp(φ),
@@ -61,22 +73,25 @@ def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = C
     log_t = np.log(step_time)
     phi = np.zeros(len(FEATURES))
     # Start from the best common scale of the prior, so Adam begins near the data.
-    phi += free * float(np.median(log_t - np.log(np.maximum(x.sum(axis=1), 1e-12))))
+    start, _ = combine_terms(x, overlap_power)
+    phi += free * float(np.median(log_t - np.log(np.maximum(start, 1e-12))))
     m = np.zeros_like(phi)
     v = np.zeros_like(phi)
     rate, beta1, beta2 = 0.05, 0.9, 0.999
     for step in range(1, iterations + 1):
         scaled = x * np.exp(phi)
-        predicted = np.maximum(scaled.sum(axis=1), 1e-12)
+        predicted, weights = combine_terms(scaled, overlap_power)
+        predicted = np.maximum(predicted, 1e-12)
         r = np.log(predicted) - log_t
         psi = r / np.sqrt(r * r + delta * delta)  # derivative of the pseudo-Huber loss
-        grad = (psi[:, None] * scaled / predicted[:, None]).mean(axis=0) + 2 * ridge * phi
+        grad = ((psi[:, None] * scaled * weights / predicted[:, None]).mean(axis=0)
+                + 2 * ridge * phi)
         grad *= free
         m = beta1 * m + (1 - beta1) * grad
         v = beta2 * v + (1 - beta2) * grad * grad
         phi -= rate * (m / (1 - beta1**step)) / (np.sqrt(v / (1 - beta2**step)) + 1e-12)
         phi = np.clip(phi, -20.0, 20.0)
-    return Coefficients.from_vector(prior_v * np.exp(phi), inter_scaling)
+    return Coefficients.from_vector(prior_v * np.exp(phi), inter_scaling, overlap_power)
 
 
 def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: str) -> np.ndarray:
@@ -89,11 +104,12 @@ def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: 
 
 def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s_per_gpu",
         prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = (),
-        inter_scaling: tuple[float, ...] = INTER_SCALING_GRID) -> Fit:
+        inter_scaling: tuple[float, ...] = INTER_SCALING_GRID,
+        overlap_power: tuple[float, ...] = OVERLAP_POWER_GRID) -> Fit:
     """Fit one set of coefficients to completed runs of several (model, hardware) groups.
 
-    The linear coefficients come from `fit_matrix`; the one non-linear coefficient
-    (inter_scaling) is chosen from a grid by the median error.
+    The linear coefficients come from `fit_matrix`; the two non-linear ones (inter_scaling,
+    overlap_power) are chosen from their grids by the median error.
     """
     groups = [(f, w) for f, w in groups if len(f)]
     if not groups:
@@ -102,12 +118,14 @@ def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s
     best: Fit | None = None
     for gamma in inter_scaling:
         mats = np.vstack([features(f, w, gamma).to_numpy() for f, w in groups])
-        coeffs = fit_matrix(mats, times, prior, fixed, inter_scaling=gamma)
-        errors = np.abs(times / (mats @ coeffs.vector()) - 1.0)  # of tokens/s/GPU
-        candidate = Fit(coeffs, len(errors), float(np.median(errors)),
-                        float(np.quantile(errors, 0.9)))
-        if best is None or candidate.median_abs_error < best.median_abs_error:
-            best = candidate
+        for power in overlap_power:
+            coeffs = fit_matrix(mats, times, prior, fixed, inter_scaling=gamma,
+                                overlap_power=power)
+            errors = np.abs(times / predict_step(mats, coeffs) - 1.0)  # of tokens/s/GPU
+            candidate = Fit(coeffs, len(errors), float(np.median(errors)),
+                            float(np.quantile(errors, 0.9)))
+            if best is None or candidate.median_abs_error < best.median_abs_error:
+                best = candidate
     assert best is not None
     return best
 

@@ -47,7 +47,14 @@ import pandas as pd
 
 from sweep.calibrate import fit_matrix
 from sweep.oom_rules import CELL, OomRules, cell_keys, layout_keys, memory_components
-from sweep.throughput import Coefficients, Workload, features, predict, tokens_per_step
+from sweep.throughput import (
+    Coefficients,
+    Workload,
+    features,
+    predict,
+    predict_step,
+    tokens_per_step,
+)
 
 STRATEGIES: Final = ("exhaustive", "pruned", "adaptive", "shortlist")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
@@ -142,7 +149,7 @@ class Predictor:
 
     def tokens_per_s_per_gpu(self, ids: pd.Index) -> np.ndarray:
         rows = self.position[ids].to_numpy()
-        step = self.feats[self.coefficients.inter_scaling][rows] @ self.coefficients.vector()
+        step = predict_step(self.feats[self.coefficients.inter_scaling][rows], self.coefficients)
         return self.tokens_per_gpu[rows] / step
 
     def refit(self, ids: pd.Index, measured_tps: np.ndarray) -> None:
@@ -151,8 +158,8 @@ class Predictor:
         best, best_err = self.coefficients, np.inf
         for gamma, feats in self.feats.items():
             coeffs = fit_matrix(feats[rows], step, self.prior, iterations=self.iterations,
-                                inter_scaling=gamma)
-            err = float(np.median(np.abs(np.log(feats[rows] @ coeffs.vector() / step))))
+                                inter_scaling=gamma, overlap_power=self.prior.overlap_power)
+            err = float(np.median(np.abs(np.log(predict_step(feats[rows], coeffs) / step))))
             if err < best_err:
                 best, best_err = coeffs, err
         self.coefficients = best

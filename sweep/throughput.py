@@ -149,16 +149,20 @@ class Coefficients:
     pipe_tp_sync: float = 1.0e-3      # 1 ms per layer, micro-batch and TP ring position (pp > 1)
     # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
     inter_scaling: float = 0.0
+    # Not linear: how the GPU's queue (GPU_STREAM) and the host's (HOST_FLOOR) combine,
+    # (gpu^p + host^p)^(1/p); 0 adds them (no overlap). See `step_time`.
+    overlap_power: float = 0.0
 
     def vector(self) -> np.ndarray:
         """The linear coefficients, in FEATURES order."""
         return np.array([getattr(self, name) for name in FEATURES], dtype=float)
 
     @classmethod
-    def from_vector(cls, values: np.ndarray | list[float], inter_scaling: float = 0.0
-                    ) -> Coefficients:
+    def from_vector(cls, values: np.ndarray | list[float], inter_scaling: float = 0.0,
+                    overlap_power: float = 0.0) -> Coefficients:
         linear = {name: float(v) for name, v in zip(FEATURES, values, strict=True)}
-        return cls(**linear, inter_scaling=float(inter_scaling))
+        return cls(**linear, inter_scaling=float(inter_scaling),
+                   overlap_power=float(overlap_power))
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -426,12 +430,60 @@ def world_size(frame: pd.DataFrame) -> np.ndarray:
     return size * _column(frame, "cp", 1).astype(float) * _column(frame, "ep", 1).astype(float)
 
 
+# The per-layer-pass work splits over two queues that run side by side. The GPU's: the kernels'
+# own time (GEMMs and the rest, TP and pipeline bytes on the wire: with
+# CUDA_DEVICE_MAX_CONNECTIONS=1 nanotron's NCCL kernels share the compute queue). The host's:
+# issuing those kernels from Python (a fixed cost per layer pass), the synchronised hops of each
+# TP collective, the blocking pipeline hand-offs. When the GPU is busier the host runs ahead and
+# its time is hidden; when the host is (small micro-batches, narrow TP shards: 1B at tp = 8 runs
+# ~4.6 ms per layer and micro-batch for mbs 1 to 4, 8B ~4.4 ms at mbs 1, whatever the FLOPs),
+# the GPU idles and its time is. A sum charges both, so a fit on a model whose layers are mostly
+# GPU-bound (8B) sets the host cost near zero and one on a mostly host-bound model (1B) charges
+# it on top of 8B's GEMMs.
+GPU_STREAM: Final = ("compute", "layer_comm", "layer_comm_inter", "pp_comm")
+HOST_FLOOR: Final = ("layer_passes", "latency", "pipe_tp_sync", "p2p_inter")
+_GPU = np.array([name in GPU_STREAM for name in FEATURES])
+_HOST = np.array([name in HOST_FLOOR for name in FEATURES])
+
+
+def step_time(scaled: np.ndarray, power: float) -> tuple[np.ndarray, np.ndarray]:
+    """Step time from the terms' times (rows × FEATURES: feature × coefficient), and the weight
+    of each term in it (d step / d term; 1 for every term when power is 0).
+
+    step = Σ other terms + (gpu^p + host^p)^(1/p), gpu and host the sums of GPU_STREAM and
+    HOST_FLOOR: p → ∞ is max(gpu, host) (perfect overlap), p = 1 or 0 their sum (none); a
+    finite p rounds the corner, as layers and micro-batches differ in which queue binds. Every
+    term scales with its coefficient, so the step time stays 1-homogeneous in them."""
+    scaled = np.atleast_2d(scaled)
+    weights = np.ones_like(scaled)
+    if not power:
+        return scaled.sum(axis=1), weights
+    gpu = np.maximum(scaled[:, _GPU].sum(axis=1), 1e-15)
+    host = np.maximum(scaled[:, _HOST].sum(axis=1), 1e-15)
+    total = gpu ** power + host ** power
+    both = total ** (1.0 / power)
+    weights[:, _GPU] = (both / total * gpu ** (power - 1.0))[:, None]
+    weights[:, _HOST] = (both / total * host ** (power - 1.0))[:, None]
+    return scaled[:, ~(_GPU | _HOST)].sum(axis=1) + both, weights
+
+
+def predict_step(feats: np.ndarray, coeffs: Coefficients) -> np.ndarray:
+    """Predicted step time (seconds) of a feature matrix (rows × FEATURES)."""
+    return step_time(np.asarray(feats, dtype=float) * coeffs.vector(), coeffs.overlap_power)[0]
+
+
 def predict(frame: pd.DataFrame, work: Workload, coeffs: Coefficients = Coefficients()
             ) -> pd.DataFrame:
-    """Predicted step time, tokens/s/GPU and MFU, with the time of every term (`t_<feature>`)."""
+    """Predicted step time, tokens/s/GPU and MFU, with the time of every term (`t_<feature>`;
+    with overlap, the GPU and host terms shrink in proportion to what the overlap hides, so they
+    still add up to the step time)."""
     feats = features(frame, work, coeffs.inter_scaling)
     parts = feats.to_numpy() * coeffs.vector()
-    step = parts.sum(axis=1)
+    step, _ = step_time(parts, coeffs.overlap_power)
+    if coeffs.overlap_power:
+        queued = parts[:, _GPU | _HOST].sum(axis=1)
+        hidden = step - parts[:, ~(_GPU | _HOST)].sum(axis=1)
+        parts[:, _GPU | _HOST] *= (hidden / np.maximum(queued, 1e-15))[:, None]
     tps_gpu = tokens_per_step(frame, work) / (step * world_size(frame))
     out = pd.DataFrame({f"t_{name}": parts[:, i] for i, name in enumerate(FEATURES)},
                        index=frame.index)
@@ -442,5 +494,6 @@ def predict(frame: pd.DataFrame, work: Workload, coeffs: Coefficients = Coeffici
     return out
 
 
-__all__ = ["Coefficients", "FEATURES", "Workload", "features", "predict", "tokens_per_step",
-           "world_size", "GRAD_REDUCE_BYTES"]
+__all__ = ["Coefficients", "FEATURES", "GPU_STREAM", "HOST_FLOOR", "Workload", "features",
+           "predict", "predict_step", "step_time", "tokens_per_step", "world_size",
+           "GRAD_REDUCE_BYTES"]

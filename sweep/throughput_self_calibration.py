@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibrate import MIN_ROWS, fit_matrix, observed_step_time
-from sweep.throughput import Coefficients, Workload, features
+from sweep.throughput import Coefficients, Workload, features, predict_step
 
 MAX_FOLDS: Final = 10
 FOLD_SEED: Final = 0
@@ -78,18 +78,19 @@ def scaled(prior: Coefficients, feats: np.ndarray, step_time: np.ndarray) -> Coe
 
 
 def scale_factor(prior: Coefficients, feats: np.ndarray, step_time: np.ndarray) -> float:
-    predicted = feats @ prior.vector()
+    predicted = predict_step(feats, prior)
     return float(np.exp(np.median(np.log(step_time / predicted))))
 
 
 def prior_times(prior: Coefficients, k: float) -> Coefficients:
-    return Coefficients.from_vector(prior.vector() * k, prior.inter_scaling)
+    return Coefficients.from_vector(prior.vector() * k, prior.inter_scaling,
+                                    prior.overlap_power)
 
 
 def refitted(prior: Coefficients, feats: np.ndarray, step_time: np.ndarray) -> Coefficients:
     """Every linear coefficient refitted around the scaled prior (its inter_scaling kept)."""
     return fit_matrix(feats, step_time, scaled(prior, feats, step_time),
-                      inter_scaling=prior.inter_scaling)
+                      inter_scaling=prior.inter_scaling, overlap_power=prior.overlap_power)
 
 
 FITTERS: Final[dict[str, Callable[[Coefficients, np.ndarray, np.ndarray], Coefficients]]] = {
@@ -114,7 +115,7 @@ def cross_validated_log_error(fitter: Callable[[Coefficients, np.ndarray, np.nda
     for f in np.unique(fold):
         test = fold == f
         coeffs = fitter(prior, feats[~test], step_time[~test])
-        errors[test] = np.abs(np.log(feats[test] @ coeffs.vector() / step_time[test]))
+        errors[test] = np.abs(np.log(predict_step(feats[test], coeffs) / step_time[test]))
     return float(np.mean(errors))
 
 
@@ -145,7 +146,7 @@ def self_calibrate(groups: Sequence[tuple[pd.DataFrame, Workload]], prior: Coeff
               for m in competing(len(step_time))}
     method = min(scores, key=lambda m: (scores[m], METHODS.index(m))) if scores else "scaled"
     coefficients = FITTERS[method](prior, feats, step_time)
-    errors = np.abs(step_time / (feats @ coefficients.vector()) - 1.0)  # of tokens/s/GPU
+    errors = np.abs(step_time / predict_step(feats, coefficients) - 1.0)  # of tokens/s/GPU
     return SelfCalibration(coefficients, prior, method, scale_factor(prior, feats, step_time),
                            len(step_time), scores, float(np.median(errors)),
                            float(np.quantile(errors, 0.9)))
