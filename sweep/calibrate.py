@@ -38,6 +38,11 @@ MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)
 # How the GPU's and the host's queues combine (`sweep.throughput.step_time`): 0 adds them.
 OVERLAP_POWER_GRID = (0.0, 2.0, 4.0, 8.0, 16.0)
+# Terms kept at their physical prior by every fit: within one model the memory-bound bytes grow
+# with the tokens per GPU exactly as the FLOPs do (only the logits' share differs), so a fit on
+# one model cannot tell them from the GEMMs' efficiency; what tells them apart is h (and V)
+# across models, which is what a fit on one model must carry to the next.
+PHYSICAL_FEATURES: Final = ("memory_traffic",)
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class Fit:
 
 
 def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = Coefficients(),
-               fixed: tuple[str, ...] = (), iterations: int = 3000, delta: float = 0.05,
+               fixed: tuple[str, ...] = PHYSICAL_FEATURES, iterations: int = 3000, delta: float = 0.05,
                ridge: float = 1e-4, inter_scaling: float = 0.0,
                overlap_power: float = 0.0) -> Coefficients:
     """Coefficients for a feature matrix and measured step times (seconds).
@@ -103,7 +108,7 @@ def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: 
 
 
 def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s_per_gpu",
-        prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = (),
+        prior: Coefficients = Coefficients(), fixed: tuple[str, ...] = PHYSICAL_FEATURES,
         inter_scaling: tuple[float, ...] = INTER_SCALING_GRID,
         overlap_power: tuple[float, ...] = OVERLAP_POWER_GRID) -> Fit:
     """Fit one set of coefficients to completed runs of several (model, hardware) groups.

@@ -12,6 +12,7 @@ class GpuSpec:
     peak_flops: dict[str, float] = field(hash=False)  # DENSE peak FLOP/s per dtype
     intra_node_GBps: float = 0.0
     inter_node_GBps: float = 0.0
+    hbm_GBps: float = 0.0  # HBM bandwidth; 0: unknown (no memory-bound term)
     gpus_per_node: int = 8
     source: str = field(default="", compare=False)
 

@@ -116,7 +116,7 @@ from sweep.model import ModelShape, count_parameters
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
                    "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead",
-                   "pipe_tp_sync")
+                   "pipe_tp_sync", "memory_traffic")
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
 MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
@@ -147,6 +147,7 @@ class Coefficients:
     optimizer: float = 1.5e-11        # ~40 bytes per parameter at ~3 TB/s
     step_overhead: float = 0.05
     pipe_tp_sync: float = 1.0e-3      # 1 ms per layer, micro-batch and TP ring position (pp > 1)
+    memory_traffic: float = 1.0       # element-wise and fp32-logits bytes at the HBM datasheet rate
     # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
     inter_scaling: float = 0.0
     # Not linear: how the GPU's queue (GPU_STREAM) and the host's (HOST_FLOOR) combine,
@@ -347,6 +348,20 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     compute = tokens_mb * work_slots / (tp * cp) / work.peak
     passes = m * stage_layers + (shape.num_layers - stage_layers) / vpp
 
+    # Memory-bound work that no FLOP count sees, at the HBM rate: per token and layer (fwd + bwd
+    # ≈ 3 × fwd) the norms, residual adds, rotary, SwiGLU and attention I/O move ~(18h + 3F)
+    # elements forward; nanotron's loss casts the logits to fp32 (models/llama.py:971-973) and
+    # runs max, subtract, exp, sum, divide and the backward in place over them
+    # (tensor_parallel/functional.py:31-107): ~60 bytes per logit. Per token this grows as h and
+    # V while the GEMMs grow as h^2 and V·h: it weighs 2x more on h = 2048 than on h = 4096.
+    ffn = shape.moe_ffn_hidden_size * shape.experts_per_token if shape.is_moe \
+        else shape.ffn_hidden_size
+    layer_bytes = 3 * act * (18.0 * shape.hidden_size + 3.0 * ffn)
+    logit_bytes = 60.0 * shape.vocab_size
+    hbm = work.gpu.hbm_GBps * 1e9
+    memory_traffic = (tokens_mb / (tp * cp) * (passes * layer_bytes + m * logit_bytes) / hbm
+                      if hbm > 0 else np.zeros_like(tp))
+
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
     # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
     act_bytes = tokens_mb / cp * shape.hidden_size * act
@@ -414,6 +429,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
         "dp_exposed": dp_exposed,
         "slot_sync": slots * (nodes - 1.0),
         "optimizer": optimizer, "step_overhead": one, "pipe_tp_sync": pipe_tp_sync,
+        "memory_traffic": memory_traffic,
     }
     return pd.DataFrame({k: np.asarray(v, dtype=float) for k, v in columns.items()},
                         index=frame.index)
@@ -440,7 +456,7 @@ def world_size(frame: pd.DataFrame) -> np.ndarray:
 # the GPU idles and its time is. A sum charges both, so a fit on a model whose layers are mostly
 # GPU-bound (8B) sets the host cost near zero and one on a mostly host-bound model (1B) charges
 # it on top of 8B's GEMMs.
-GPU_STREAM: Final = ("compute", "layer_comm", "layer_comm_inter", "pp_comm")
+GPU_STREAM: Final = ("compute", "layer_comm", "layer_comm_inter", "pp_comm", "memory_traffic")
 HOST_FLOOR: Final = ("layer_passes", "latency", "pipe_tp_sync", "p2p_inter")
 _GPU = np.array([name in GPU_STREAM for name in FEATURES])
 _HOST = np.array([name in HOST_FLOOR for name in FEATURES])

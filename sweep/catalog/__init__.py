@@ -61,6 +61,7 @@ def _gpus() -> tuple[dict[str, GpuSpec], dict[str, str]]:
             peak_flops={k: float(v) for k, v in entry["peak_flops"].items()},
             intra_node_GBps=float(entry["intra_node_GBps"]),
             inter_node_GBps=float(entry["inter_node_GBps"]),
+            hbm_GBps=float(entry.get("hbm_GBps", 0.0)),
             gpus_per_node=int(entry["gpus_per_node"]),
             source=entry.get("source", ""),
         )
