@@ -248,17 +248,25 @@ def _inter_node_bandwidth(frame: pd.DataFrame, work: Workload) -> np.ndarray:
     (`MEASURED_INTER_NODE`, GB/s, shared by a node's GPUs). The same GPUs deliver very different
     fabrics: in the playbook's table ~180 GB/s at 8-64 nodes in some campaigns and ~800 / nodes
     in others (13 GB/s at 64 nodes), which no constant of the model can hold. A plan has no such
-    column: it is predicted with the catalog."""
+    column: it is predicted with the catalog.
+
+    Also the node count that figure already holds the fabric's congestion at: the job's nodes
+    where it was measured (an all-reduce over all of them), 1 for the catalog's per-link figure.
+    `_group` scales by (nodes spanned / that)^inter_scaling, so a measured figure is not charged
+    the job's congestion a second time."""
     inter = np.full(len(frame), work.gpu.inter_node_GBps * 1e9)
+    reference = np.ones(len(frame))
     if MEASURED_INTER_NODE in frame:
         measured = pd.to_numeric(frame[MEASURED_INTER_NODE], errors="coerce").to_numpy(float)
         per_gpu = measured * 1e9 / work.gpus_per_node
-        inter = np.where(np.isfinite(per_gpu) & (per_gpu > 0), per_gpu, inter)
-    return inter
+        known = np.isfinite(per_gpu) & (per_gpu > 0)
+        inter = np.where(known, per_gpu, inter)
+        reference = np.where(known, np.maximum(1.0, world_size(frame) / work.gpus_per_node), 1.0)
+    return inter, reference
 
 
 def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float,
-           inter: np.ndarray) -> _Group:
+           inter: tuple[np.ndarray, np.ndarray]) -> _Group:
     """A collective over `size` ranks placed `stride` apart (tp innermost, pp outermost), across
     nodes over `inter` bytes/s per GPU (`_inter_node_bandwidth`)."""
     g = work.gpus_per_node
@@ -266,7 +274,8 @@ def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float,
     spans = size * stride > g
     local = np.clip(g // np.maximum(stride, 1), 1, np.maximum(size, 1))
     nodes = np.maximum(1.0, size * stride / g)
-    across = np.minimum(intra, local * inter) / nodes ** scaling
+    per_gpu, reference = inter
+    across = np.minimum(intra, local * per_gpu) / (nodes / reference) ** scaling
     return _Group(np.where(spans, across, intra), spans)
 
 
@@ -404,7 +413,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
 
     # Pipeline point-to-point: activations forward, their gradients backward, per micro-batch.
     p2p_bytes = np.where(sp, act_bytes / tp, act_bytes)
-    pp_g = _Group(np.where(tp * cp * dp >= work.gpus_per_node, inter_bw,
+    pp_g = _Group(np.where(tp * cp * dp >= work.gpus_per_node, inter_bw[0],
                            work.gpu.intra_node_GBps * 1e9),
                   tp * cp * dp >= work.gpus_per_node)
     pp_comm = np.where(pp > 1, slots * 2 * p2p_bytes / pp_g.bandwidth, 0.0)
