@@ -120,6 +120,10 @@ FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", 
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
 MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
+# Pipeline runs: the paced stage is the one with the most work in time, FLOPs and memory-bound
+# bytes together (`_stage_split`); False restores the FLOP-busiest stage's FLOPs plus the
+# layer-heaviest stage's bytes plus the LM head's.
+PACE_BY_TIME: Final = True
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
 # FSDP2 mixed precision reduces in fp32).
@@ -255,13 +259,12 @@ def _inter_node_bandwidth(frame: pd.DataFrame, work: Workload) -> np.ndarray:
     `_group` scales by (nodes spanned / that)^inter_scaling, so a measured figure is not charged
     the job's congestion a second time."""
     inter = np.full(len(frame), work.gpu.inter_node_GBps * 1e9)
-    reference = np.ones(len(frame))
+    reference = np.maximum(1.0, world_size(frame) / work.gpus_per_node)
     if MEASURED_INTER_NODE in frame:
         measured = pd.to_numeric(frame[MEASURED_INTER_NODE], errors="coerce").to_numpy(float)
         per_gpu = measured * 1e9 / work.gpus_per_node
         known = np.isfinite(per_gpu) & (per_gpu > 0)
         inter = np.where(known, per_gpu, inter)
-        reference = np.where(known, np.maximum(1.0, world_size(frame) / work.gpus_per_node), 1.0)
     return inter, reference
 
 
@@ -289,7 +292,9 @@ def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
 
 
 def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray,
-                 split: str = "cost") -> tuple[np.ndarray, ...]:
+                 split: str = "cost", layer_bytes: float = 0.0, head_bytes: float = 0.0,
+                 seconds_per_flop: float = 0.0, seconds_per_byte: float = 0.0
+                 ) -> tuple[np.ndarray, ...]:
     """Per token: FLOPs of the busiest stage and of all stages; layers of the stage with the most
     layers; and the parameters of the largest stage.
 
@@ -309,6 +314,8 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     L = shape.num_layers
     total = L * layer_f + head_f
     stage_f = np.array(total, dtype=float, copy=True)
+    total_b = L * layer_bytes + head_bytes
+    stage_b = np.full(len(pp), float(total_b))
     stage_layers = np.full(len(pp), float(L))
     stage_params = np.full(len(pp), float(params.total))
     for p in np.unique(pp[pp > 1]):
@@ -316,7 +323,19 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         counts = _stage_counts(shape, int(p), split)
         per_stage = counts[None, :] * layer_f[rows, None]
         per_stage[:, -1] += head_f
-        stage_f[rows] = per_stage.max(axis=1)
+        if PACE_BY_TIME:
+            # The stage that paces 1F1B is the one with the most work in time, its FLOPs and
+            # its memory-bound bytes together (at the prior rates): nanotron balances FLOPs, so
+            # the LM head's stage holds few layers but all the fp32 logits' bytes. Its FLOPs and
+            # bytes are charged together, not the FLOP-busiest stage's FLOPs plus the layer-
+            # heaviest stage's bytes plus the head's.
+            per_bytes = np.broadcast_to(counts[None, :] * layer_bytes, per_stage.shape).copy()
+            per_bytes[:, -1] += head_bytes
+            busiest = np.argmax(per_stage * seconds_per_flop + per_bytes * seconds_per_byte, axis=1)
+            stage_f[rows] = per_stage[np.arange(len(busiest)), busiest]
+            stage_b[rows] = per_bytes[np.arange(len(busiest)), busiest]
+        else:
+            stage_f[rows] = per_stage.max(axis=1)
         # Per-layer costs (layer passes, TP collectives, pipe_tp_sync) pace the stage with the
         # most layers, not the FLOP-busiest one: at 1B, pp = 8 nanotron places 3,2,3,2,3,2,1,0
         # layers and the LM head (~3.2 layers of FLOPs) on the last stage, which is then the
@@ -325,7 +344,7 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         # The first stage holds the embedding, the last the LM head (a copy of it when tied).
         # (MoE: all experts count; sharding them over EP is left out of this estimate.)
         stage_params[rows] = counts.max() * params.per_layer + params.embedding
-    return stage_f, total, stage_layers, stage_params
+    return stage_f, total, stage_layers, stage_params, stage_b, total_b
 
 
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
@@ -346,17 +365,6 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     one = np.ones_like(tp)
     inter_bw = _inter_node_bandwidth(frame, work)
 
-    stage_f, total_f, stage_layers, stage_params = _stage_split(shape, s, pp, recompute,
-                                                                work.stage_split)
-    slots = m + (pp - 1) / vpp  # micro-batch slots of the busiest stage, bubble included
-    # 1F1B: the busiest stage sets the pace of the m micro-batches; filling and draining the
-    # pipeline costs the *other* stages' work once: (m − 1)·t_max + Σ_s t_s (with vpp virtual
-    # stages, that fill shrinks vpp-fold). (m + pp − 1)·t_max overcharged unbalanced splits.
-    work_slots = m * stage_f + (total_f - stage_f) / vpp  # in FLOPs per token
-    tokens_mb = mbs * s
-    compute = tokens_mb * work_slots / (tp * cp) / work.peak
-    passes = m * stage_layers + (shape.num_layers - stage_layers) / vpp
-
     # Memory-bound work that no FLOP count sees, at the HBM rate: per token and layer (fwd + bwd
     # ≈ 3 × fwd) the norms, residual adds, rotary, SwiGLU and attention I/O move ~(18h + 3F)
     # elements forward; nanotron's loss casts the logits to fp32 (models/llama.py:971-973) and
@@ -368,8 +376,27 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     layer_bytes = 3 * act * (18.0 * shape.hidden_size + 3.0 * ffn)
     logit_bytes = 60.0 * shape.vocab_size
     hbm = work.gpu.hbm_GBps * 1e9
-    memory_traffic = (tokens_mb / (tp * cp) * (passes * layer_bytes + m * logit_bytes) / hbm
-                      if hbm > 0 else np.zeros_like(tp))
+
+    stage_f, total_f, stage_layers, stage_params, stage_b, total_b = _stage_split(
+        shape, s, pp, recompute, work.stage_split, layer_bytes, logit_bytes,
+        Coefficients.compute / work.peak, 1.0 / hbm if hbm > 0 else 0.0)
+    slots = m + (pp - 1) / vpp  # micro-batch slots of the busiest stage, bubble included
+    # 1F1B: the busiest stage sets the pace of the m micro-batches; filling and draining the
+    # pipeline costs the *other* stages' work once: (m − 1)·t_max + Σ_s t_s (with vpp virtual
+    # stages, that fill shrinks vpp-fold). (m + pp − 1)·t_max overcharged unbalanced splits.
+    work_slots = m * stage_f + (total_f - stage_f) / vpp  # in FLOPs per token
+    tokens_mb = mbs * s
+    compute = tokens_mb * work_slots / (tp * cp) / work.peak
+    passes = m * stage_layers + (shape.num_layers - stage_layers) / vpp
+    if PACE_BY_TIME:
+        # The same 1F1B form for the paced stage's bytes (its layers' and, on the last stage,
+        # the logits').
+        byte_slots = m * stage_b + (total_b - stage_b) / vpp
+        memory_traffic = (tokens_mb / (tp * cp) * byte_slots / hbm
+                          if hbm > 0 else np.zeros_like(tp))
+    else:
+        memory_traffic = (tokens_mb / (tp * cp) * (passes * layer_bytes + m * logit_bytes) / hbm
+                          if hbm > 0 else np.zeros_like(tp))
 
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
     # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
