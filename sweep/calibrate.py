@@ -31,6 +31,8 @@ from sweep.throughput import (
     features,
     predict,
     predict_step,
+)
+from sweep.throughput import (
     step_time as combine_terms,
 )
 
@@ -114,7 +116,7 @@ def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s
     """Fit one set of coefficients to completed runs of several (model, hardware) groups.
 
     The linear coefficients come from `fit_matrix`; the two non-linear ones (inter_scaling,
-    overlap_power) are chosen from their grids by the median error.
+    overlap_power) are chosen from their grids by `simplest_within_one_error`.
     """
     groups = [(f, w) for f, w in groups if len(f)]
     if not groups:
@@ -129,20 +131,7 @@ def fit(groups: list[tuple[pd.DataFrame, Workload]], column: str = "tokens_per_s
             errors = np.abs(times / predict_step(mats, coeffs) - 1.0)  # of tokens/s/GPU
             candidates.append((Fit(coeffs, len(errors), float(np.median(errors)),
                                    float(np.quantile(errors, 0.9))), median_standard_error(errors)))
-    if not ONE_STANDARD_ERROR:
-        return min(candidates, key=lambda c: c[0].median_abs_error)[0]
     return simplest_within_one_error(candidates)
-
-
-# How the two non-linear coefficients are chosen: the fit with the least overlap (then the least
-# congestion) whose median error is within one standard error of the best one's (Breiman's
-# one-standard-error rule). On one model the median barely moves between overlap powers 4 and 16
-# (1B: 7.7 % / 7.5 %, a quarter of a point, within its ~0.5-point standard error), yet the
-# stronger overlap hides the host's queue wherever it about equals the GPU's: fitted on 1B, p = 16
-# predicted 8B's tp 2-4, mbs 1-2 layouts 10-15 % fast and ranked 8B's 16-node best tenth. The
-# data cannot choose between them, so the choice falls to the simpler model (p = 0 adds the two
-# queues; γ = 0 charges no congestion).
-ONE_STANDARD_ERROR: Final = True
 
 
 def median_standard_error(errors: np.ndarray) -> float:
@@ -158,7 +147,14 @@ def median_standard_error(errors: np.ndarray) -> float:
 
 def simplest_within_one_error(candidates: list[tuple[Fit, float]]) -> Fit:
     """The candidate of least overlap power, then least inter_scaling, whose median error is
-    within one standard error of the best candidate's."""
+    within one standard error of the best candidate's (Breiman's one-standard-error rule).
+
+    Why not the best median: on one model it barely moves between overlap powers 4 and 16 (1B:
+    7.7 % / 7.5 %, a quarter of a point, within its ~0.5-point standard error), yet the stronger
+    overlap hides the host's queue wherever it about equals the GPU's: fitted on 1B, p = 16
+    predicted 8B's tp 2-4, mbs 1-2 layouts 10-15 % fast and ranked 8B's 16-node best tenth. The
+    data cannot choose between them, so the choice falls to the simpler model (p = 0 adds the two
+    queues; γ = 0 charges no congestion)."""
     best, error = min(candidates, key=lambda c: c[0].median_abs_error)
     limit = best.median_abs_error + error
     eligible = [fit for fit, _ in candidates if fit.median_abs_error <= limit]

@@ -39,6 +39,21 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
 - ``pipe_tp_sync`` pipeline runs only: m · (layers on the busiest stage − 1) · (tp − 1), a fixed
                    time per micro-batch for every layer after a stage's first, per TP ring
                    position (with vpp, after each chunk's first). θ ≈ 2.4 ms. See below.
+- ``memory_traffic`` memory-bound bytes no FLOP count sees (norms, residuals, rotary, SwiGLU,
+                   attention I/O: 3 · act · (18h + 3F) per token and layer; nanotron's fp32
+                   loss: 60 B per logit) at the catalog's HBM rate, in the same 1F1B form as
+                   ``compute``. θ = 1, kept at the prior by every fit
+                   (`sweep.calibrate.PHYSICAL_FEATURES`): within one model these bytes grow with
+                   the tokens exactly as the FLOPs do, so only a second model could fit it.
+
+Not every term adds. The GPU's queue (compute, layer_comm(_inter), pp_comm, memory_traffic) and
+the host's (layer_passes, latency, pipe_tp_sync, p2p_inter) run side by side: step = the other
+terms + (gpu^p + host^p)^(1/p) (`step_time`), p = ``overlap_power`` chosen by the fit from
+{0, 2, 4, 8, 16} (0 adds them) by the one-standard-error rule
+(`sweep.calibrate.simplest_within_one_error`). A small micro-batch on a narrow TP shard is
+bound by the host issuing kernels (1B at tp = 8 ran ~4.6 ms per layer and micro-batch whatever
+the FLOPs); a large one by the GPU. A sum charged both, so a fit on the mostly GPU-bound 8B set
+the host cost near zero and one on the mostly host-bound 1B charged it on top of 8B's GEMMs.
 
 The pipeline runs' TP cost (``pipe_tp_sync``). In the post-fix playbook pipeline runs, the
 residuals followed pp × mbs (pp = 2, mbs = 1 runs 1.5x slower than predicted; pp ≥ 8, mbs ≥ 8 up
@@ -73,7 +88,9 @@ pre-fix pipeline runs it then absorbs, so it stays free).
 Bandwidth of a group: inside one node, the catalog's NVLink figure; across nodes, the per-GPU
 network link times the group's ranks on one node (hierarchical collectives use every rail), capped
 by NVLink, and divided by (nodes spanned)^inter_scaling: large fabrics deliver less per GPU. The
-same congestion factor, nodes^inter_scaling, multiplies inter-node latency. Rank order is tp
+same congestion factor, nodes^inter_scaling, multiplies inter-node latency. A bandwidth the
+run's job measured over all its nodes (`MEASURED_INTER_NODE`) already holds that job's
+congestion, so its groups are scaled by (nodes spanned / job's nodes)^inter_scaling instead. Rank order is tp
 (innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
 
 Pure: no I/O. Coefficients are fitted by `sweep.calibrate`.
@@ -120,10 +137,6 @@ FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", 
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
 MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
-# Pipeline runs: the paced stage is the one with the most work in time, FLOPs and memory-bound
-# bytes together (`_stage_split`); False restores the FLOP-busiest stage's FLOPs plus the
-# layer-heaviest stage's bytes plus the LM head's.
-PACE_BY_TIME: Final = True
 # Bytes of one gradient element in the data-parallel reduction, per framework's default
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
 # FSDP2 mixed precision reduces in fp32).
@@ -246,7 +259,8 @@ class _Group:
         return np.where(self.inter, 0.0, seconds), np.where(self.inter, seconds, 0.0)
 
 
-def _inter_node_bandwidth(frame: pd.DataFrame, work: Workload) -> np.ndarray:
+def _inter_node_bandwidth(frame: pd.DataFrame, work: Workload
+                          ) -> tuple[np.ndarray, np.ndarray]:
     """Per-GPU inter-node bandwidth in bytes/s, per row: the catalog's figure, unless the row
     carries the all-reduce bus bandwidth its job measured over all its nodes
     (`MEASURED_INTER_NODE`, GB/s, shared by a node's GPUs). The same GPUs deliver very different
@@ -295,8 +309,11 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
                  split: str = "cost", layer_bytes: float = 0.0, head_bytes: float = 0.0,
                  seconds_per_flop: float = 0.0, seconds_per_byte: float = 0.0
                  ) -> tuple[np.ndarray, ...]:
-    """Per token: FLOPs of the busiest stage and of all stages; layers of the stage with the most
-    layers; and the parameters of the largest stage.
+    """Per token: FLOPs of the stage that paces the pipeline and of all stages; layers of the
+    stage with the most layers; the parameters of the largest stage; and the memory-bound bytes
+    (`layer_bytes` per layer, `head_bytes` on the last stage) of the pacing stage and of all
+    stages. The pacing stage has the most work in time at the prior rates (`seconds_per_flop`,
+    `seconds_per_byte`).
 
     The stages are the framework's own split (nanotron balances a cost that counts the LM head as
     vocab/(4h + 3F) layers; Megatron and the others split the layers evenly), the LM head on the
@@ -323,19 +340,16 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         counts = _stage_counts(shape, int(p), split)
         per_stage = counts[None, :] * layer_f[rows, None]
         per_stage[:, -1] += head_f
-        if PACE_BY_TIME:
-            # The stage that paces 1F1B is the one with the most work in time, its FLOPs and
-            # its memory-bound bytes together (at the prior rates): nanotron balances FLOPs, so
-            # the LM head's stage holds few layers but all the fp32 logits' bytes. Its FLOPs and
-            # bytes are charged together, not the FLOP-busiest stage's FLOPs plus the layer-
-            # heaviest stage's bytes plus the head's.
-            per_bytes = np.broadcast_to(counts[None, :] * layer_bytes, per_stage.shape).copy()
-            per_bytes[:, -1] += head_bytes
-            busiest = np.argmax(per_stage * seconds_per_flop + per_bytes * seconds_per_byte, axis=1)
-            stage_f[rows] = per_stage[np.arange(len(busiest)), busiest]
-            stage_b[rows] = per_bytes[np.arange(len(busiest)), busiest]
-        else:
-            stage_f[rows] = per_stage.max(axis=1)
+        # The stage that paces 1F1B is the one with the most work in time, its FLOPs and its
+        # memory-bound bytes together (at the prior rates): nanotron balances FLOPs, so the LM
+        # head's stage holds few layers but all the fp32 logits' bytes. Its FLOPs and bytes are
+        # charged together, not the FLOP-busiest stage's FLOPs plus the layer-heaviest stage's
+        # bytes plus the head's.
+        per_bytes = np.broadcast_to(counts[None, :] * layer_bytes, per_stage.shape).copy()
+        per_bytes[:, -1] += head_bytes
+        busiest = np.argmax(per_stage * seconds_per_flop + per_bytes * seconds_per_byte, axis=1)
+        stage_f[rows] = per_stage[np.arange(len(busiest)), busiest]
+        stage_b[rows] = per_bytes[np.arange(len(busiest)), busiest]
         # Per-layer costs (layer passes, TP collectives, pipe_tp_sync) pace the stage with the
         # most layers, not the FLOP-busiest one: at 1B, pp = 8 nanotron places 3,2,3,2,3,2,1,0
         # layers and the LM head (~3.2 layers of FLOPs) on the last stage, which is then the
@@ -344,7 +358,7 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         # The first stage holds the embedding, the last the LM head (a copy of it when tied).
         # (MoE: all experts count; sharding them over EP is left out of this estimate.)
         stage_params[rows] = counts.max() * params.per_layer + params.embedding
-    return stage_f, total, stage_layers, stage_params, stage_b, total_b
+    return stage_f, total, stage_layers, stage_params, stage_b, np.asarray(total_b)
 
 
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
@@ -388,15 +402,11 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     tokens_mb = mbs * s
     compute = tokens_mb * work_slots / (tp * cp) / work.peak
     passes = m * stage_layers + (shape.num_layers - stage_layers) / vpp
-    if PACE_BY_TIME:
-        # The same 1F1B form for the paced stage's bytes (its layers' and, on the last stage,
-        # the logits').
-        byte_slots = m * stage_b + (total_b - stage_b) / vpp
-        memory_traffic = (tokens_mb / (tp * cp) * byte_slots / hbm
-                          if hbm > 0 else np.zeros_like(tp))
-    else:
-        memory_traffic = (tokens_mb / (tp * cp) * (passes * layer_bytes + m * logit_bytes) / hbm
-                          if hbm > 0 else np.zeros_like(tp))
+    # The same 1F1B form for the paced stage's bytes (its layers' and, on the last stage, the
+    # logits').
+    byte_slots = m * stage_b + (total_b - stage_b) / vpp
+    memory_traffic = (tokens_mb / (tp * cp) * byte_slots / hbm if hbm > 0
+                      else np.zeros_like(tp))
 
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
     # layer, fwd + bwd; without SP 4 all-reduces of the same volume), CP, EP.
