@@ -60,8 +60,10 @@ def fit_reference(refdata: str | Path, spec: Spec) -> ThroughputReference:
         "data": {RUNS_FILE: file_sha256(path)},
         "spec": SPEC_FILE,
         "fit": "sweep.calibrate.fit: mean pseudo-Huber loss (delta 0.05) of log(predicted / "
-               "measured) step time, ridge 1e-4 towards the physical prior; inter_scaling from "
-               "a grid by the median error",
+               "measured) step time, ridge 1e-4 towards the physical prior, memory_traffic "
+               "kept at its prior; inter_scaling and overlap_power from their grids by the "
+               "one-standard-error rule (the least overlap, then the least congestion, within "
+               "one standard error of the best median error)",
         "rows": result.rows,
         "left_out_rows": excluded,
         "in_sample": {"median_abs_error": result.median_abs_error,
