@@ -12,13 +12,22 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   heuristic, off unless asked for (`Params.heuristic_skips`), as is treating an unclassified
   failure as an OOM. The rules are `sweep.oom_rules`.
 - ``adaptive``: rounds per open cell of the k − 1 best predicted candidates plus the best of a
-  (tp, pp, ZeRO) family not yet run. After each round the throughput model is refitted on every
-  completed run, and predictions are rescaled by the median measured/predicted ratio of the
-  candidate's family (else its cell). Each untried candidate gets an optimistic throughput: its
-  rescaled prediction times the `quantile` of the sweep's own residuals so far (the cell's, or
-  the sweep's if larger, at least `min_margin`), so a cell where the model is wrong widens its
-  band. A cell closes when no optimistic throughput beats its best measured run by more than ε,
-  once it has run a floor of min(min_cell_runs, min_cell_frac of its candidates, at least 3).
+  (tp, pp, ZeRO) family not yet run. After each round the predictions are rescaled by the
+  median measured/predicted ratio of the candidate's family (else its cell). Each untried
+  candidate gets an optimistic throughput: its rescaled prediction times the `quantile` of the
+  sweep's own residuals so far around the median it was rescaled by (its family's, or for a
+  family not yet run its cell's, which also holds how far one family's bias strays from
+  another's; the cell's spread, or the sweep's if larger, at least `min_margin`), so a cell where
+  the model is wrong widens its band. The coefficients themselves are the plan's and are not
+  refitted between rounds: the runs of the first rounds are the model's own picks, a few
+  families per cell, and a refit of every coefficient on them extrapolates to the families not
+  yet run. Replaying the playbook's 8B runs from the fit to 1B with that refit, the search
+  closed the 16-, 32- and 64-node cells 8.6 %, 26 % and 30 % short of their best (each a
+  ZeRO-0 layout it never tried); with `sweep.throughput_self_calibration`'s cross-validated
+  choice between a scale and the refit, the refit won and 3 of the 7 cells were missed.
+  Rescaling alone finds all 7 (`benchmarks/sweep_economy.py`). A cell closes when no
+  optimistic throughput beats its best measured run by more than ε, once it has run a floor of
+  min(min_cell_runs, min_cell_frac of its candidates, at least 3).
   What the search records per cell: the regret bound at closing (1 − best / the highest
   optimistic throughput left untried) and how many launches the floor forced (the band alone
   would have closed the cell). The OOM rules of ``pruned`` apply too.
@@ -45,7 +54,6 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import fit_matrix
 from sweep.oom_rules import CELL, OomRules, cell_keys, layout_keys, memory_components
 from sweep.throughput import (
     Coefficients,
@@ -72,13 +80,11 @@ class Params:
 
     k: int = 4                 # candidates per open cell per round
     epsilon: float = 0.02      # close a cell when nothing can beat its best by more than this
-    quantile: float = 1.0      # optimism: this quantile of the cell's log(measured/predicted)
+    quantile: float = 0.9      # optimism: this quantile of the cell's log(measured/predicted)
     min_margin: float = 0.05   # ... but never less optimistic than this
     max_rounds: int = 200
-    min_fit_runs: int = 8      # completed runs before the model is refitted
     min_cell_runs: int = 16    # runs launched in a cell before it may close ...
     min_cell_frac: float = 0.25  # ... or this share of its candidates, if smaller (at least 3)
-    fit_iterations: int = 800
     failed_is_oom: bool = False  # heuristic: an unclassified failure skips like an OOM
     heuristic_skips: bool = False  # heuristic: skip layouts the memory proxy says need more
     top: int = 8               # shortlist: completed runs per cell, best predicted first
@@ -126,43 +132,27 @@ Replan = Callable[[pd.DataFrame, int, Coefficients | None], Replanned]
 # Predictions ------------------------------------------------------------------------------------
 
 class Predictor:
-    """The throughput model over a fixed candidate set, refittable on measured runs."""
-
-    GRID: Final = (0.0, 0.5, 1.0, 1.5, 2.0)
+    """The throughput model's predictions over a fixed candidate set, from one set of
+    coefficients (the plan's prior; the adaptive search corrects them per family and cell in
+    `_estimates`, it does not refit them: see `_adaptive`)."""
 
     def __init__(self, candidates: pd.DataFrame, workloads: Mapping[str, Workload],
-                 prior: Coefficients, iterations: int) -> None:
-        self.prior, self.iterations = prior, iterations
-        grid = sorted(set(self.GRID) | {prior.inter_scaling})
-        self.feats: dict[float, np.ndarray] = {}
-        for gamma in grid:
-            parts = [features(group, workloads[str(model)], gamma).reindex(group.index)
-                     for model, group in candidates.groupby("model", sort=False)]
-            self.feats[gamma] = pd.concat(parts).reindex(candidates.index).to_numpy()
+                 coefficients: Coefficients) -> None:
+        parts = [features(group, workloads[str(model)], coefficients.inter_scaling
+                          ).reindex(group.index)
+                 for model, group in candidates.groupby("model", sort=False)]
+        self.feats = pd.concat(parts).reindex(candidates.index).to_numpy()
         tokens = pd.concat([pd.Series(tokens_per_step(g, workloads[str(m)]), index=g.index)
                             for m, g in candidates.groupby("model", sort=False)])
         gpus = candidates.dp * candidates.tp * candidates.pp
         gpus = gpus * candidates.get("cp", 1) * candidates.get("ep", 1)
         self.tokens_per_gpu = (tokens.reindex(candidates.index) / gpus).to_numpy(float)
         self.position = pd.Series(np.arange(len(candidates)), index=candidates.index)
-        self.coefficients = prior
+        self.coefficients = coefficients
 
     def tokens_per_s_per_gpu(self, ids: pd.Index) -> np.ndarray:
         rows = self.position[ids].to_numpy()
-        step = predict_step(self.feats[self.coefficients.inter_scaling][rows], self.coefficients)
-        return self.tokens_per_gpu[rows] / step
-
-    def refit(self, ids: pd.Index, measured_tps: np.ndarray) -> None:
-        rows = self.position[ids].to_numpy()
-        step = self.tokens_per_gpu[rows] / measured_tps
-        best, best_err = self.coefficients, np.inf
-        for gamma, feats in self.feats.items():
-            coeffs = fit_matrix(feats[rows], step, self.prior, iterations=self.iterations,
-                                inter_scaling=gamma, overlap_power=self.prior.overlap_power)
-            err = float(np.median(np.abs(np.log(predict_step(feats[rows], coeffs) / step))))
-            if err < best_err:
-                best, best_err = coeffs, err
-        self.coefficients = best
+        return self.tokens_per_gpu[rows] / predict_step(self.feats[rows], self.coefficients)
 
 
 # The search -------------------------------------------------------------------------------------
@@ -218,7 +208,7 @@ def search(candidates: pd.DataFrame, oracle: pd.DataFrame | Oracle, strategy: st
         if params.top < 1:
             raise ValueError(f"shortlist: top must be at least 1, got {params.top}")
         return _shortlist(state, _ranking(candidates, workloads, prior), prior)
-    return _adaptive(state, Predictor(candidates, workloads, prior, params.fit_iterations))
+    return _adaptive(state, Predictor(candidates, workloads, prior))
 
 
 class _State:
@@ -353,8 +343,6 @@ def _adaptive(state: _State, model: Predictor) -> Search:
     while round_no < p.max_rounds:
         done = pd.Index([r["candidate"] for r in state.launched])
         ok = state.known[state.known.status == "completed"]
-        if len(ok) >= p.min_fit_runs and round_no > 0:
-            model.refit(ok.index, ok.tokens_per_s_per_gpu.to_numpy(float))
         state.coefficients = model.coefficients
         sizes = state.eligible_sizes()
         open_untried = state.untried[~state.cells[state.untried].isin(closed).to_numpy()]
@@ -419,15 +407,27 @@ def _estimates(state: _State, model: Predictor, ok: pd.DataFrame, ids: pd.Index,
     family_median = family_stats["median"][family_stats["size"] >= 2]
     group_median = pd.Series(family_of, index=ok.index).map(family_median)
     group_median = group_median.fillna(pd.Series(cell_of, index=ok.index).map(cell_median))
-    deviation = ratio - group_median
-    pooled = float(np.quantile(deviation, p.quantile))
-    own = deviation.groupby(cell_of).quantile(p.quantile)
     cells = state.cells[ids]
-    shift = family[ids].map(family_median).fillna(cells.map(cell_median))
-    margin = np.maximum(cells.map(own).fillna(np.inf).to_numpy(), max(pooled, p.min_margin))
+    by_family = family[ids].map(family_median)
+    shift = by_family.fillna(cells.map(cell_median))
+    # The band is the spread around the median the estimate was rescaled by: a candidate whose
+    # family ran is off by what runs deviate from their family's median; one whose family has
+    # not run is off by what runs deviate from their cell's median, which also holds how far a
+    # whole family's bias strays from the cell's.
+    within = _band(ratio - group_median, cell_of, cells, p)
+    across = _band(ratio - pd.Series(cell_of, index=ok.index).map(cell_median), cell_of, cells, p)
+    margin = np.where(by_family.isna().to_numpy(), across, within)
     estimate = predicted * np.exp(shift.fillna(0.0).to_numpy())
     optimistic = pd.Series(np.where(shift.isna(), np.inf, estimate * np.exp(margin)), index=ids)
     return estimate, optimistic
+
+
+def _band(deviation: pd.Series, cell_of: np.ndarray, cells: pd.Series, p: Params) -> np.ndarray:
+    """Per candidate, the larger of its cell's and the sweep's `quantile` of `deviation`, at
+    least `min_margin` (infinite in a cell with no completed run)."""
+    pooled = float(np.quantile(deviation, p.quantile))
+    own = deviation.groupby(cell_of).quantile(p.quantile)
+    return np.maximum(cells.map(own).fillna(np.inf).to_numpy(), max(pooled, p.min_margin))
 
 
 __all__ = ["FAMILY", "OUTCOME_COLUMNS", "PLAN_PREDICTION", "STRATEGIES", "Oracle", "Params",

@@ -18,8 +18,9 @@ based on is recorded in the sweep folder:
   prior where the strategy has none), so `sweep status`, `report`, the budget and a later `sweep
   plan` agree with what the search did.
 
-The throughput model is refitted by the adaptive strategy itself after every round
-(`sweep.economy.Predictor.refit`); its coefficients are recorded here, per round.
+The adaptive strategy corrects the throughput model's predictions by the measured ratio of each
+candidate's family and cell after every round (`sweep.economy`); it keeps the plan's coefficients,
+which are recorded here per round, as the ones its picks were made with.
 """
 
 from __future__ import annotations

@@ -166,9 +166,8 @@ def test_replay_names_the_problem_with_a_table_it_cannot_read() -> None:
 def test_adaptive_with_the_chosen_settings_finds_every_cell_of_the_published_playbook_sweep(
         refdata) -> None:
     """Every (model, nodes) cell within 2 %, with the settings the leave-one-model-out choice
-    made (not tuned on this replay). What it costs is measured, not a target met: issue 17 asks
-    for ≤ 35 % of the runs, and these settings launch about two thirds (README, Sweep economy);
-    the bound below only guards against a regression."""
+    made (not tuned on this replay), from the physical prior, within issue 17's ≤ 35 % of the
+    published runs (they launch about 17 %: README, Sweep economy)."""
     runs = pd.read_csv(refdata / "playbook_runs_1B_8B.csv")
     replay = replay_table(runs, "playbook_runs_1B_8B.csv", PLAYBOOK_LABELS, WORKLOADS, 20, 60)
     result = search(replay.candidates, replay.outcomes, "adaptive", WORKLOADS)
@@ -176,7 +175,7 @@ def test_adaptive_with_the_chosen_settings_finds_every_cell_of_the_published_pla
                             replay.published_gpu_hours)
     assert headline["cells_total"] == 14
     assert headline["cells_within_2pct"] == 14, table[~table.within]
-    assert headline["runs_launched_frac"] <= 0.75
+    assert headline["runs_launched_frac"] <= 0.35
     assert headline["gpu_hours_frac"] < headline["runs_launched_frac"]
 
 
@@ -443,11 +442,44 @@ def test_a_cell_where_the_model_is_wrong_gets_a_wider_band() -> None:
                    Params(quantile=0.9))  # at 1.0 the sweep's widest residual bounds every cell
     ran = candidates.groupby("nodes").sample(frac=0.5, random_state=0).index
     state.launch(ran, 1)
-    model = Predictor(candidates, WORKLOADS, Coefficients(), 10)
+    model = Predictor(candidates, WORKLOADS, Coefficients())
     family = state.cells  # one family per cell: the cell's median rescales
     estimate, optimistic = _estimates(state, model, state.known, state.untried, family)
     width = np.log(optimistic / estimate).groupby(candidates.nodes[state.untried]).median()
     assert width[2] > width[1] >= Params().min_margin  # the sweep's spread is a floor for all
+
+
+def test_a_family_not_yet_run_is_as_uncertain_as_its_cells_families_disagree() -> None:
+    """The model's error is mostly a bias per (tp, pp, ZeRO) family. Runs of one family agree
+    with each other, so their spread says nothing about a family not yet run: that one's band
+    is the spread of runs around the cell's median, which holds how far families disagree."""
+    from sweep.economy import Predictor, _estimates, _State
+
+    candidates = grid(nodes=(1,))
+    work = WORKLOADS["playbook-1b"]
+    tps = predict(candidates, work)["pred_tokens_per_s_per_gpu"]
+    family = (candidates.nodes.astype(str) + "|"
+              + candidates[["tp", "pp", "zero_stage"]].astype(str).agg("|".join, axis=1))
+    names = [f for f, n in family.value_counts().items() if n >= 3][:3]
+    assert len(names) == 3 and family.nunique() > 3
+    # Three families run, two runs each, each measured exactly at its own bias.
+    bias = dict(zip(names, (0.6, 0.8, 1.0), strict=True))
+    ran = pd.Index([i for f in names for i in family.index[family == f][:2]])
+    outcomes = pd.DataFrame({"status": "completed", "gpu_hours": 0.1,
+                             "tokens_per_s_per_gpu": tps * family.map(bias).fillna(1.0)},
+                            index=candidates.index)
+    memory = memory_components(candidates, work)
+    state = _State(candidates, lambda ids: outcomes.loc[ids], OomRules(candidates, memory),
+                   Params(quantile=0.9))
+    state.launch(ran, 1)
+    model = Predictor(candidates, WORKLOADS, Coefficients())
+    estimate, optimistic = _estimates(state, model, state.known, state.untried, family)
+    width = np.log(optimistic / estimate).to_numpy()
+    tried = family[state.untried].isin(names).to_numpy()
+    assert tried.any() and (~tried).any()
+    assert np.allclose(width[tried], Params().min_margin)  # runs of a family agree exactly
+    # The best family runs log(1.0 / 0.8) = 0.22 above the cell's median (the 0.8 family's).
+    assert (width[~tried] >= 0.9 * np.log(1.0 / 0.8)).all()
 
 
 # The shortlist ----------------------------------------------------------------------------------
