@@ -113,9 +113,14 @@ rather than the FLOP-busiest (at 1B, pp = 8 the LM head's stage is busiest with 
 ``pipe_tp_sync`` was charged for none), and a run's inter-node bandwidth is the one its job
 measured where the table has it (`MEASURED_INTER_NODE`; the degraded batches above), with ten
 sick-node runs left out (`sweep.calibrate.sick_node_runs`): in-sample 12.9 % / 69.9 % → 12.5 % /
-39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.7 %, 8B 20.0 % / 139 % → 20.6 % / 46.2 %. What
-limits it now: fitted on one model, the per-token cost relative to FLOPs is 1.3× off on the other
-(1B predicted ~12 % too fast, 8B 15-20 % too slow), which no term tried carried across.
+39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.7 %, 8B 20.0 % / 139 % → 20.6 % / 46.2 %. Then
+the overlap of the GPU's and the host's queues, ``memory_traffic`` and the measured fabric's own
+congestion (same 751 runs): in-sample 6.4 % / 31.7 %, held out 1B 8.7 % / 29.4 %, 8B 8.9 % /
+34.9 %. Fitted on one model, the other was 1.3× off in its per-token cost relative to FLOPs (1B
+~12 % too fast, 8B 15-20 % too slow): a sum charged the host's per-layer cost on top of the
+GPU's, and the memory-bound bytes, which weigh twice as much per FLOP at h = 2048 as at 4096,
+were in no term. What is left is a bias per family: 8B's ZeRO-0 layouts at 8-64 nodes run
+8-30 % faster than predicted from 1B, their ZeRO-1 twins from 4 % faster to 15 % slower.
 """
 
 from __future__ import annotations
