@@ -122,24 +122,17 @@ def folds(n: int) -> np.ndarray:
     return fold
 
 
-def cross_validated_log_errors(fitter: Callable[[Coefficients, np.ndarray, np.ndarray], Coefficients],
-                               prior: Coefficients, feats: np.ndarray, step_time: np.ndarray
-                               ) -> np.ndarray:
-    """|log(predicted / measured)| of each run, predicted by a fit without its fold."""
+def cross_validated_log_error(fitter: Callable[[Coefficients, np.ndarray, np.ndarray], Coefficients],
+                              prior: Coefficients, feats: np.ndarray, step_time: np.ndarray
+                              ) -> float:
+    """Mean |log(predicted / measured)| of each run, predicted by a fit without its fold."""
     fold = folds(len(step_time))
     errors = np.empty(len(step_time))
     for f in np.unique(fold):
         test = fold == f
         coeffs = fitter(prior, feats[~test], step_time[~test])
         errors[test] = np.abs(np.log(predict_step(feats[test], coeffs) / step_time[test]))
-    return errors
-
-
-def cross_validated_log_error(fitter: Callable[[Coefficients, np.ndarray, np.ndarray], Coefficients],
-                              prior: Coefficients, feats: np.ndarray, step_time: np.ndarray
-                              ) -> float:
-    """Mean |log(predicted / measured)| of each run, predicted by a fit without its fold."""
-    return float(np.mean(cross_validated_log_errors(fitter, prior, feats, step_time)))
+    return float(np.mean(errors))
 
 
 def competing(n: int) -> tuple[str, ...]:
@@ -165,9 +158,8 @@ def self_calibrate(groups: Sequence[tuple[pd.DataFrame, Workload]], prior: Coeff
                                 for frame, work in groups])
     if not np.all(np.isfinite(step_time)) or np.any(step_time <= 0):
         raise ValueError("the runs' measured throughputs must be positive and finite")
-    errors_of = {m: cross_validated_log_errors(FITTERS[m], prior, feats, step_time)
-                 for m in competing(len(step_time))}
-    scores = {m: float(np.mean(e)) for m, e in errors_of.items()}
+    scores = {m: cross_validated_log_error(FITTERS[m], prior, feats, step_time)
+              for m in competing(len(step_time))}
     method = (min(scores, key=lambda m: (scores[m], METHODS.index(m))) if scores
               else "scaled")
     coefficients = FITTERS[method](prior, feats, step_time)
@@ -178,6 +170,5 @@ def self_calibrate(groups: Sequence[tuple[pd.DataFrame, Workload]], prior: Coeff
 
 
 __all__ = ["FITTERS", "METHODS", "SelfCalibration", "competing", "cross_validated_log_error",
-           "cross_validated_log_errors",
            "folds", "prior_times", "refitted", "scale_factor", "scaled", "self_calibrate",
            "unchanged"]
