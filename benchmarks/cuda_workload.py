@@ -20,8 +20,13 @@ connections, so this is a lower bound of a multi-GPU job's overhead.
 
     python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...] [--no-capped] [--no-memtrack]
 
-Per run it also prints the start-up and model-build seconds (rank 0's `done` line) and the memory
-the run measured outside the allocator at its steps.
+Per run it also prints the start-up and model-build seconds (rank 0's `done` line), the memory
+the run measured outside the allocator at its steps, and how often the caching allocator had to
+release its cache and retry (`mem_alloc_retries`). `--gpu-memory-gb 200` lifts the planner's limit
+so that the device, not the memory model, decides what fits: how a run near the line ends is the
+measurement. It first measures the GPU's memory bandwidth (a device-to-device copy and a bf16
+add, bytes read plus written) beside the catalog's `hbm_GBps`, the rate the throughput model
+charges memory-bound bytes at.
 
 The last line holds the headline figures as key=value pairs.
 """
@@ -65,6 +70,37 @@ OUTSIDE_ALLOCATOR_PROBE = textwrap.dedent("""
 """)
 
 
+HBM_PROBE = textwrap.dedent("""
+    import json, torch
+    n = 1 << 30  # elements: 2 GiB of bf16 per tensor
+    a = torch.empty(n, device="cuda", dtype=torch.bfloat16).uniform_()
+    b, out = torch.empty_like(a).uniform_(), torch.empty_like(a)
+    def rate(fn, moved):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return moved * 20 / (start.elapsed_time(end) / 1e3) / 1e9
+    copy = rate(lambda: out.copy_(a), 2 * a.nbytes)
+    add = rate(lambda: torch.add(a, b, out=out), 3 * a.nbytes)
+    print(json.dumps({"copy_GBps": copy, "add_GBps": add, "device": torch.cuda.get_device_name(0)}))
+""")
+
+
+def hbm_bandwidth() -> dict[str, float]:
+    """Bytes read plus written per second by two memory-bound kernels (mean of 20 after 3 warm-ups)."""
+    done = subprocess.run([sys.executable, "-c", HBM_PROBE], text=True, capture_output=True,
+                          check=False, timeout=300)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], file=sys.stderr)
+        return {}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def catalog_gpu() -> str:
     """The catalog name of GPU 0, so that MFU divides by its dense peak."""
     import torch
@@ -99,6 +135,8 @@ def write_spec(path: Path, args: argparse.Namespace, gpu: str, *, models: list[s
                 "startup_timeout_s": 240, "hang_timeout_s": 180, "signal_before_s": 20,
                 "exclusive": False},
     }
+    if args.gpu_memory_gb:
+        spec["gpu_memory_gb"] = args.gpu_memory_gb
     if overrides:
         spec["overrides"] = overrides
     import yaml
@@ -136,8 +174,10 @@ def start_up(sweep_dir: Path) -> pd.DataFrame:
 
 def per_run(runs: pd.DataFrame, timings: pd.DataFrame) -> pd.DataFrame:
     runs = runs.merge(timings, on="run_id", how="left")
-    outside = (runs["mem_outside_allocator_bytes"] if "mem_outside_allocator_bytes" in runs
-               else pd.Series(np.nan, index=runs.index))
+    def column(name: str) -> pd.Series:
+        return runs[name] if name in runs else pd.Series(np.nan, index=runs.index)
+
+    outside = column("mem_outside_allocator_bytes")
     table = pd.DataFrame({
         "model": runs["model"], "mbs": runs["mbs"], "grad_acc": runs["grad_acc"],
         "recompute": runs["recompute"], "outcome": runs["outcome"],
@@ -147,7 +187,8 @@ def per_run(runs: pd.DataFrame, timings: pd.DataFrame) -> pd.DataFrame:
         "resv_meas_gib": runs["mem_reserved_bytes"] / GIB,
         "step_s": runs["step_time_mean_s"], "steps_avg": runs["step_time_n"],
         "tok_s_gpu": runs["tokens_per_sec_per_gpu"], "mfu": runs["mfu_full_attention"],
-        "outside_gib": outside / GIB, "startup_s": runs["startup_s"], "build_s": runs["build_s"],
+        "outside_gib": outside / GIB, "alloc_retries": column("mem_alloc_retries"),
+        "startup_s": runs["startup_s"], "build_s": runs["build_s"],
     })
     table["alloc_err"] = table.alloc_pred_gib / table.alloc_meas_gib - 1.0
     table["resv_err"] = table.resv_pred_gib / table.resv_meas_gib - 1.0
@@ -214,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--gpu-memory-gb", type=float, default=None,
+                        help="the planner's memory limit (GiB) instead of the GPU's: above it, "
+                             "the device decides what fits")
     parser.add_argument("--no-capped", action="store_true", help="skip the run capped to OOM")
     parser.add_argument("--no-memtrack", action="store_true", help="skip the MemTracker breakdowns")
     args = parser.parse_args(argv)
@@ -221,7 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     spec = args.out / "cuda-workload.yaml"
     write_spec(spec, args, gpu)
-    outside = outside_allocator() if gpu != "cpu" else {}  # first: seconds, and nothing else on the GPU
+    # first: seconds each, and nothing else on the GPU
+    outside = outside_allocator() if gpu != "cpu" else {}
+    bandwidth = hbm_bandwidth() if gpu != "cpu" else {}
+    from sweep.catalog import get_gpu
+
+    bandwidth["catalog_hbm_GBps"] = get_gpu(gpu).hbm_GBps or float("nan")
+    print("hbm:", json.dumps(bandwidth), flush=True)
     began = time.perf_counter()
     sweep_cli("run", str(spec), "--out", str(args.out / "sweep"))
     sweep_s = time.perf_counter() - began
@@ -238,11 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     breakdown = {"skipped": "--no-memtrack"} if args.no_memtrack else memtrack_breakdowns(args, runs)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(table.to_string(float_format=lambda v: f"{v:.4f}"))
-    print(json.dumps({"outside_allocator": outside, "memory_check": scores, "capped_run": oom,
+    print(json.dumps({"hbm": bandwidth, "outside_allocator": outside, "memory_check": scores, "capped_run": oom,
                       "memtrack": breakdown}, indent=1))
     (args.out / "summary.json").write_text(json.dumps({
         "gpu": gpu, "torch": runs["torch_version"].dropna().unique().tolist(),
-        "runs": table.to_dict(orient="records"), "outside_allocator": outside,
+        "runs": table.to_dict(orient="records"), "hbm": bandwidth, "outside_allocator": outside,
         "memory_check": scores, "capped_run": oom, "memtrack": breakdown, "sweep_s": sweep_s},
         indent=1, default=float), encoding="utf-8")
     done = table[table.outcome == "completed"]
@@ -257,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
         "outside_allocator_gib": outside.get("outside_allocator_bytes", float("nan")) / GIB,
         "outside_in_runs_max_gib": float(done.outside_gib.max()) if len(done) else float("nan"),
         "build_s_median": float(done.build_s.median()) if len(done) else float("nan"),
+        "retried_runs": int((table.alloc_retries.fillna(0) > 0).sum()),
+        "hbm_copy_GBps": bandwidth.get("copy_GBps", float("nan")),
+        "hbm_catalog_GBps": bandwidth["catalog_hbm_GBps"],
         "sweep_s": sweep_s,
     }
     print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in headline.items()))

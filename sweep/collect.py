@@ -297,6 +297,9 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
                        if s.get("mem_outside_allocator_bytes") is not None]
             if outside:
                 row["mem_outside_allocator_bytes"] = max(outside)
+            retries = [float(s["mem_alloc_retries"]) for s in mem if s.get("mem_alloc_retries") is not None]
+            if retries:
+                row["mem_alloc_retries"] = max(retries)
         mfus = [s["mfu_pct"] for s in steps if s.get("mfu_pct") is not None and s.get("step", 0) > warmup]
         if mfus:
             row["mfu_reported"] = statistics.fmean(mfus) / 100.0
@@ -338,7 +341,8 @@ def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int |
                "tokens_per_sec_per_gpu": "tokens_per_sec_per_gpu", "final_loss": "final_loss",
                "mem_allocated_bytes": "mem_allocated_bytes", "mem_reserved_bytes": "mem_reserved_bytes",
                "mem_outside_allocator_bytes": "mem_outside_allocator_bytes",
-               "mem_source": "mem_source", "ended_by": "ended_by", "torch_version": "torch_version",
+               "mem_alloc_retries": "mem_alloc_retries", "mem_source": "mem_source",
+               "ended_by": "ended_by", "torch_version": "torch_version",
                "steady_state_policy": "steady_state_policy"}
     for key, column in mapping.items():
         if summary.get(key) is not None:

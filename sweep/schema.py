@@ -153,6 +153,9 @@ _MEMORY = _cols(
      "caching allocator (CUDA context, libraries, NCCL), max over ranks: the built-in workload "
      "measures it each step (cudaMemGetInfo less memory_reserved); an OOM's PyTorch ≥ 2.1 message "
      "gives it at the failure"),
+    ("mem_alloc_retries", "float64", "count", "CUDA (built-in workload): how often the caching "
+     "allocator released its cache and retried cudaMalloc (num_alloc_retries, max over ranks); > 0: "
+     "the run fitted only by flushing, so its reserved peak is the device's limit, not its own"),
     ("mem_predicted_allocated_bytes", "float64", "bytes", "memory model: peak allocated per GPU "
      "(plan column mem_allocated_bytes, via run.json `predicted`)"),
     ("mem_predicted_reserved_bytes", "float64", "bytes", "memory model: peak reserved per GPU, "

@@ -50,9 +50,11 @@ class MemoryProbe:
     def sample(self) -> MemorySample:
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
+            retries = torch.cuda.memory_stats(self.device).get("num_alloc_retries", 0)
             return MemorySample(int(torch.cuda.max_memory_allocated(self.device)),
                                 int(torch.cuda.max_memory_reserved(self.device)),
-                                max(0, int(total - free - torch.cuda.memory_reserved(self.device))))
+                                max(0, int(total - free - torch.cuda.memory_reserved(self.device))),
+                                int(retries))
         now, base = _memory_kib(), self.baseline
         anon = now["RssAnon"] - base["RssAnon"]
         peak = now["VmHWM"] - base["VmRSS"] - max(0, now["RssFile"] - base["RssFile"])

@@ -27,11 +27,16 @@ class MemorySample:
     `outside_allocator_bytes`: what the device has in use beyond the caching allocator's reserve
     (CUDA context, NCCL's buffers, cuBLAS/cuDNN handles): the runtime overhead the memory model
     adds to the reserved peak. None where it is not measured (CPU).
+    `alloc_retries`: how many times the caching allocator found no free block, released its whole
+    cache (cudaFree of every unused segment) and retried cudaMalloc (`num_alloc_retries`, counted
+    since start-up). A run with retries fitted only by flushing: its reserved peak is capped by
+    the device, not set by the configuration, and each flush costs step time. None off CUDA.
     """
 
     allocated_bytes: int
     reserved_bytes: int
     outside_allocator_bytes: int | None = None
+    alloc_retries: int | None = None
 
 
 @dataclass(frozen=True)
@@ -63,16 +68,19 @@ def step_record(facts: RunFacts, step: int, step_time_s: float, loss: float,
     """One step; mem_per_rank[r] is rank r's memory. The run's figures are the max over ranks:
     the most loaded rank is the one that must fit."""
     outside = [m.outside_allocator_bytes for m in mem_per_rank if m.outside_allocator_bytes is not None]
+    retries = [m.alloc_retries for m in mem_per_rank if m.alloc_retries is not None]
     return {"kind": "step", "step": step, "time": time.time() if now is None else now,
             "step_time_s": step_time_s, "tokens": facts.tokens_per_step, "loss": loss,
             **_throughput(facts, step_time_s),
             "mem_allocated_bytes": max(m.allocated_bytes for m in mem_per_rank),
             "mem_reserved_bytes": max(m.reserved_bytes for m in mem_per_rank),
             "mem_outside_allocator_bytes": max(outside, default=None),
+            "mem_alloc_retries": max(retries, default=None),
             "mem_source": facts.mem_source,
             "mem_per_rank": [{"rank": rank, "allocated_bytes": m.allocated_bytes,
                               "reserved_bytes": m.reserved_bytes,
-                              "outside_allocator_bytes": m.outside_allocator_bytes}
+                              "outside_allocator_bytes": m.outside_allocator_bytes,
+                              "alloc_retries": m.alloc_retries}
                              for rank, m in enumerate(mem_per_rank)]}
 
 
@@ -108,6 +116,8 @@ def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: i
         "mem_outside_allocator_bytes": max((s["mem_outside_allocator_bytes"] for s in steps
                                             if s.get("mem_outside_allocator_bytes") is not None),
                                            default=None),
+        "mem_alloc_retries": max((s["mem_alloc_retries"] for s in steps
+                                  if s.get("mem_alloc_retries") is not None), default=None),
         "mem_source": facts.mem_source, "ended_by": ended_by, "early_stop": early_stop,
         "final_loss": steps[-1]["loss"] if steps else None,
         "device": device, "world_size": facts.world_size, "torch_version": torch_version,

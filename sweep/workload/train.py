@@ -354,7 +354,8 @@ def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list
     return gathered
 
 
-_MEMORY_FIELDS = 3  # per rank in a step's stats tensor: allocated, reserved, outside the allocator
+# per rank in a step's stats tensor: allocated, reserved, outside the allocator, allocator retries
+_MEMORY_FIELDS = 4
 _NOT_MEASURED = -1.0
 
 
@@ -364,15 +365,17 @@ def _memory_slots(rank: int) -> slice:
 
 
 def _memory_fields(sample: metrics.MemorySample) -> list[float]:
-    outside = sample.outside_allocator_bytes
+    outside, retries = sample.outside_allocator_bytes, sample.alloc_retries
     return [float(sample.allocated_bytes), float(sample.reserved_bytes),
-            _NOT_MEASURED if outside is None else float(outside)]
+            _NOT_MEASURED if outside is None else float(outside),
+            _NOT_MEASURED if retries is None else float(retries)]
 
 
 def _memory_sample(fields: list[float]) -> metrics.MemorySample:
     """The inverse of `_memory_fields`, after the all-reduce (each rank filled only its slots)."""
-    allocated, reserved, outside = fields
-    return metrics.MemorySample(int(allocated), int(reserved), None if outside < 0 else int(outside))
+    allocated, reserved, outside, retries = fields
+    return metrics.MemorySample(int(allocated), int(reserved), None if outside < 0 else int(outside),
+                                None if retries < 0 else int(retries))
 
 
 def _now(device: torch.device) -> float:

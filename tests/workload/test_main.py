@@ -13,12 +13,12 @@ from tests.workload.runs import launch, run_config, write_run_dir
 
 STEP_KEYS = {"kind", "step", "time", "step_time_s", "tokens", "tokens_per_sec", "tokens_per_sec_per_gpu",
              "loss", "flops_per_token", "mfu", "mfu_pct", "peak_flops", "peak_flops_source",
-             "mem_allocated_bytes", "mem_reserved_bytes", "mem_outside_allocator_bytes", "mem_source",
-             "mem_per_rank"}
+             "mem_allocated_bytes", "mem_reserved_bytes", "mem_outside_allocator_bytes",
+             "mem_alloc_retries", "mem_source", "mem_per_rank"}
 SUMMARY_KEYS = {"kind", "steps", "warmup_steps_skipped", "step_time_mean_s", "step_time_std_s", "step_time_n",
                 "tokens_per_sec", "tokens_per_sec_per_gpu", "flops_per_token", "mfu", "mfu_pct", "peak_flops",
                 "peak_flops_source", "mem_allocated_bytes", "mem_reserved_bytes", "mem_outside_allocator_bytes",
-                "mem_source", "ended_by",
+                "mem_alloc_retries", "mem_source", "ended_by",
                 "final_loss", "device", "world_size", "torch_version", "steady_state_policy", "early_stop"}
 
 
@@ -42,6 +42,7 @@ def test_standalone_run_writes_one_line_per_step_then_the_summary(
         assert record["peak_flops"] > 0
         assert record["mem_source"] == "cpu-rss-anon" and len(record["mem_per_rank"]) == 1
         assert record["mem_outside_allocator_bytes"] is None  # a CUDA figure
+        assert record["mem_alloc_retries"] is None  # the CUDA caching allocator's count
     assert set(summary) == SUMMARY_KEYS and summary["kind"] == "summary"
     assert summary["warmup_steps_skipped"] == 1 and summary["step_time_n"] == 4
     assert summary["final_loss"] == steps[-1]["loss"] and summary["world_size"] == 1

@@ -37,8 +37,10 @@ def test_a_step_record_reports_the_max_over_ranks_and_each_rank() -> None:
     record = steps()[1]
     assert record["mem_allocated_bytes"] == 150 and record["mem_reserved_bytes"] == 201
     assert record["mem_per_rank"] == [
-        {"rank": 0, "allocated_bytes": 101, "reserved_bytes": 201, "outside_allocator_bytes": None},
-        {"rank": 1, "allocated_bytes": 150, "reserved_bytes": 90, "outside_allocator_bytes": None}]
+        {"rank": 0, "allocated_bytes": 101, "reserved_bytes": 201, "outside_allocator_bytes": None,
+         "alloc_retries": None},
+        {"rank": 1, "allocated_bytes": 150, "reserved_bytes": 90, "outside_allocator_bytes": None,
+         "alloc_retries": None}]
     assert record["mem_outside_allocator_bytes"] is None  # not measured (CPU)
 
 
@@ -50,6 +52,16 @@ def test_memory_outside_the_allocator_is_the_max_over_the_ranks_that_measured_it
     summary = summary_record(FACTS, [record, later], 1, ended_by="step_budget", device="cuda:0",
                              torch_version="x")
     assert summary["mem_outside_allocator_bytes"] == 1_400_000_000
+
+
+def test_the_allocator_s_retries_are_the_max_over_ranks_and_steps() -> None:
+    """The count is cumulative per rank: the run's figure is the largest any rank reached."""
+    first = step_record(FACTS, 1, 0.5, 7.0, [MemorySample(1, 2, None, 0), MemorySample(1, 2, None, 2)], now=0.0)
+    later = step_record(FACTS, 2, 0.5, 7.0, [MemorySample(1, 2, None, 1), MemorySample(1, 2, None, 2)], now=1.0)
+    assert first["mem_alloc_retries"] == 2
+    summary = summary_record(FACTS, [first, later], 1, ended_by="step_budget", device="cuda:0",
+                             torch_version="x")
+    assert summary["mem_alloc_retries"] == 2
 
 
 def test_the_summary_skips_warmup_and_uses_the_sample_std() -> None:
