@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import resource
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
@@ -101,8 +101,14 @@ def oom_message(error: BaseException) -> str | None:
     return None
 
 
-def tracked_peak(run_step: Any, modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def tracked_peak(run_step: Callable[[Callable[[], None]], object], modules: list[torch.nn.Module],
+                 optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Run one step under MemTracker; this rank's peak bytes per category.
+
+    `run_step(next_micro_batch)` runs the step and calls `next_micro_batch()` after each of its
+    micro-batches but the last. MemTracker refuses a module's second forward within one tracked
+    region, so a step with gradient accumulation resets its per-module statistics there; the
+    step's peak, which is what is reported, survives the reset.
 
     Keys: Parameter, Buffer, Gradient, Activation, Temp, Optstate, Other, Total (the breakdown at
     the moment of the step's peak), and `activations_after_forward`: the activation bytes held
@@ -117,7 +123,7 @@ def tracked_peak(run_step: Any, modules: list[torch.nn.Module], optimizer: torch
     tracker = MemTracker()
     tracker.track_external(*modules, optimizer)
     with tracker:
-        run_step()
+        run_step(tracker.reset_mod_stats)
     peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
     result = {getattr(k, "value", str(k)): int(v) for k, v in peak.items()}
     after_forward = 0

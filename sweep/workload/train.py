@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -171,21 +172,24 @@ class Trainer:
                            grad_acc=self.layout.grad_acc, cp_rank=self.mesh.rank("cp"), cp=self.layout.cp)
         return Batch(part.inputs.to(self.device), part.labels.to(self.device))
 
-    def step(self, step: int) -> torch.Tensor:
-        """One optimizer step; returns this rank's mean loss (0 where it computes none)."""
+    def step(self, step: int, next_micro_batch: Callable[[], None] | None = None) -> torch.Tensor:
+        """One optimizer step; returns this rank's mean loss (0 where it computes none).
+
+        `next_micro_batch`, if given, is called between micro-batches (`tracked_peak` resets its
+        per-module statistics there); the pipeline schedule runs its micro-batches itself."""
         batch = global_batch(self.seed, step, self.cfg.global_batch_sequences, self.cfg.seq_len,
                              self.cfg.model.vocab_size)
         if self.schedule is not None:
             loss = self._pipeline_step(batch)
         else:
-            loss = self._plain_step(batch)
+            loss = self._plain_step(batch, next_micro_batch)
         for wrapper in self.wrappers:
             wrapper.finish_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
 
-    def _plain_step(self, batch: Batch) -> torch.Tensor:
+    def _plain_step(self, batch: Batch, next_micro_batch: Callable[[], None] | None = None) -> torch.Tensor:
         grad_acc = self.layout.grad_acc
         wrapper = self.wrappers[0]
         total = torch.zeros((), device=self.device)
@@ -196,6 +200,8 @@ class Trainer:
                     loss = cross_entropy(wrapper.module(part.inputs), part.labels)
                 (loss / grad_acc).backward()
             total += loss.detach().float()
+            if next_micro_batch is not None and micro < grad_acc - 1:
+                next_micro_batch()
         return total / grad_acc
 
     def _pipeline_step(self, batch: Batch) -> torch.Tensor:
@@ -346,7 +352,8 @@ def _early_stop_record(rule: EarlyStop, steady: Window | None, records: list[dic
 
 def _memtrack(trainer: Trainer, step: int, attempt_dir: Path, rank: int) -> list[dict[str, int]]:
     """One extra, untimed step under MemTracker; rank 0 writes every rank's peak to memtrack.json."""
-    peak = tracked_peak(lambda: trainer.step(step), trainer.modules, trainer.optimizer)
+    peak = tracked_peak(lambda next_micro_batch: trainer.step(step, next_micro_batch), trainer.modules,
+                        trainer.optimizer)
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, peak)
     if rank == 0:

@@ -84,6 +84,17 @@ def test_the_rank_memory_limit_ends_the_run_with_a_recognisable_oom(tmp_path: Pa
     assert "DefaultCPUAllocator: can't allocate memory" in proc.stderr
 
 
+def test_memtrack_measures_a_step_with_gradient_accumulation(tmp_path: Path) -> None:
+    """MemTracker refuses a module's second forward in one tracked region; the step resets its
+    per-module statistics between micro-batches, so the gradients that exist from the second
+    micro-batch on are in the peak (they are what a single micro-batch's step never holds)."""
+    run_dir = write_run_dir(tmp_path, run_config(steps=1, mbs=1, grad_acc=4))
+    proc = launch(run_dir, 0, "--attempt-dir", str(tmp_path / "attempt"), "--memtrack")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (peak,) = json.loads((tmp_path / "attempt" / "memtrack.json").read_text())["peak_bytes_per_rank"]
+    assert peak["Gradient"] == peak["Parameter"]  # fp32 gradients of every weight, alive at the peak
+
+
 def test_a_generous_memory_limit_does_not_get_in_the_way_and_memtrack_reports(tmp_path: Path) -> None:
     run_dir = write_run_dir(tmp_path, run_config(steps=2, settings={"rank_memory_limit_mb": 2000}))
     proc = launch(run_dir, 0, "--attempt-dir", str(tmp_path / "attempt"), "--memtrack")

@@ -41,7 +41,7 @@ def held_after_forward(shape: ModelShape, recompute: str, dtype: str) -> int:
             loss = cross_entropy(model(tokens), tokens)
         loss.backward()
 
-    return tracked_peak(step, [model], optimizer)["activations_after_forward"]
+    return tracked_peak(lambda _: step(), [model], optimizer)["activations_after_forward"]
 
 
 def predicted(shape: ModelShape, recompute: str, dtype: str = "bf16") -> float:
