@@ -196,9 +196,10 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
                  f64: Mapping[str, np.ndarray], sp: np.ndarray, single: np.ndarray, n_first: np.ndarray,
                  n_last: np.ndarray, seq_len: int, a: float, gelu: bool, autocast: bool,
                  one_at_a_time: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Activation and logits bytes on one rank of the first and of the last stage, and the
-    micro-batches each holds in flight. `one_at_a_time`: the rows whose layers are recomputed in
-    backward (`_one_layer_at_a_time`)."""
+    """Activation and logits bytes on one rank of the first and of the last stage, the
+    micro-batches each holds in flight, and the one layer's activations that a recomputing
+    backward holds beside them. `one_at_a_time`: the rows whose layers are recomputed in backward
+    (`_one_layer_at_a_time`)."""
     tp, pp, cp, mbs, ga, vpp = (f64[k] for k in ("tp", "pp", "cp", "mbs", "grad_acc", "vpp"))
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
     tokens = mbs * seq_len / cp  # of one micro-batch on one rank: CP splits the sequence
@@ -243,7 +244,7 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     act_first = stored_per_layer * n_first * first_mb + working_layer + np.where(single, head_inputs, 0.0)
     act_last = stored_per_layer * n_last * last_mb + working_layer + head_inputs
     logits = tokens * model.vocab_size / tp * prof.logits_bytes_per_element
-    return act_first, act_last, np.where(single, logits, 0.0), logits, first_mb, last_mb
+    return act_first, act_last, np.where(single, logits, 0.0), logits, first_mb, last_mb, working_layer
 
 
 def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray],
@@ -307,9 +308,12 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         return weights, grads, optim, gather + param_grads * grads_later + temporaries
 
     recomputed = _one_layer_at_a_time(masks, prof)
-    act_first, act_last, logits_first, logits, first_mb, last_mb = _activations(
+    act_first, act_last, logits_first, logits, first_mb, last_mb, working = _activations(
         model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu, not full_precision,
         recomputed)
+    # the loss at the end of a single stage's forward (with every weight cast, see below)
+    logits_forward = np.where(single, f64["mbs"] * seq_len / cp * vocab / tp
+                              * prof.logits_forward_bytes_per_element, 0.0)
 
     # --- fixed buffers and runtime
     tokens = f64["mbs"] * seq_len / cp
@@ -317,7 +321,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
     overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
 
-    def stage_total(p_dense, p_expert, act, lg, in_flight, head_params):
+    def stage_total(p_dense, p_expert, act, lg, lg_forward, in_flight, head_params):
         weights, grads, optim, step_needs = state(p_dense, p_expert)
         layer_params = (dense_per_layer + expert_per_layer / ep) / tp
         fsdp = 0.0
@@ -325,10 +329,18 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
             fsdp = prof.fsdp_gathered_bytes * np.where(
                 zero == 2, p_dense + p_expert,
                 np.where(zero >= 3, prof.fsdp_unsharded_layers * layer_params, 0.0))
-        # autocast's weight casts live from each layer's forward to its backward (one layer at a
-        # time where layers are recomputed; the LM head, never recomputed, keeps its own)
-        casts = (0.0 if full_precision else prof.autocast_weight_bytes) * np.where(
-            recomputed, layer_params + head_params, p_dense + p_expert)
+        # autocast's weight casts: its cache holds every one until its region exits, at the end of
+        # the forward and loss (the built-in pipeline's region spans its schedule, backward too).
+        # A layer that is not recomputed saves its casts for backward anyway; a recomputed one
+        # casts again in backward, one layer at a time, beside the LM head's saved cast. So with
+        # recomputation on one stage the end of the forward is a second candidate peak: all the
+        # casts, the loss's forward tensors, and the activations less the layer being recomputed.
+        cast_bytes = 0.0 if full_precision else prof.autocast_weight_bytes
+        casts_all = cast_bytes * (p_dense + p_expert)
+        released = recomputed & single
+        casts = np.where(released, cast_bytes * (layer_params + head_params), casts_all)
+        forward_end = np.where(released & (lg_forward > 0), act - working + lg_forward + casts_all, 0.0)
+        casts = casts + np.maximum(forward_end - (act + lg + casts), 0.0)
         step_extra = np.maximum(step_needs - (act + lg + casts), 0.0)
         buffers = buffers_fixed + fsdp + casts + step_extra
         frag = (prof.fragmentation_sequential * act / in_flight
@@ -339,9 +351,9 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         step = weights + grads + optim + buffers_fixed + step_needs  # gathered copies freed by then
         return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
 
-    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, first_mb,
-                                    np.where(single, head, 0.0))
-    last, step_last = stage_total(dense_last, expert_last, act_last, logits, last_mb, head)
+    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, logits_forward,
+                                    first_mb, np.where(single, head, 0.0))
+    last, step_last = stage_total(dense_last, expert_last, act_last, logits, logits_forward, last_mb, head)
     total_first = sum(first.values())
     total_last = sum(last.values())
     if stage == "first":

@@ -122,6 +122,11 @@ class MemoryProfile:
     # one fp32 copy of the parameters; the fused kernels (apex/TE FusedAdam, `fused=True`) need none
     optimizer_step_temp_bytes: float = 0.0
     logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
+    # What the loss holds per logit at the end of its forward. Counted only where that moment can
+    # be the peak: torch.autocast caches the bf16 cast of every weight it casts until its region
+    # exits (`cache_enabled`, the default), so at the end of the forward every layer's cast is
+    # alive even where layers are recomputed (their backward then holds one layer's at a time)
+    logits_forward_bytes_per_element: float = 0.0
     tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
     workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
     # --- allocator and runtime (outside live tensors) ---
@@ -197,6 +202,9 @@ BUILTIN: Final = MemoryProfile(
     # at the step (on CPU the default is per tensor, so this over-counts a CPU run by that much).
     norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
     selective_saves=("wq", "wk", "wv", "wo", "w1", "w3", "w2"), logits_bytes_per_element=12.0,
+    # the bf16 logits, their fp32 copy and the fp32 log-softmax while cross-entropy's forward runs
+    # (MemTracker: 10.0 bytes per logit), beside autocast's cache of every layer's weight cast
+    logits_forward_bytes_per_element=10.0,
     grads_freed_each_step=True, optimizer_step_temp_bytes=4.0,
 )
 
