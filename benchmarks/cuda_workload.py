@@ -137,6 +137,8 @@ def write_spec(path: Path, args: argparse.Namespace, gpu: str, *, models: list[s
     }
     if args.gpu_memory_gb:
         spec["gpu_memory_gb"] = args.gpu_memory_gb
+    if args.alloc_conf:
+        spec["run"]["env"] = {"PYTORCH_CUDA_ALLOC_CONF": args.alloc_conf}  # type: ignore[index]
     if overrides:
         spec["overrides"] = overrides
     import yaml
@@ -258,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-gb", type=float, default=None,
                         help="the planner's memory limit (GiB) instead of the GPU's: above it, "
                              "the device decides what fits")
+    parser.add_argument("--alloc-conf", default=None,
+                        help="PYTORCH_CUDA_ALLOC_CONF for the runs, e.g. expandable_segments:True")
     parser.add_argument("--no-capped", action="store_true", help="skip the run capped to OOM")
     parser.add_argument("--no-memtrack", action="store_true", help="skip the MemTracker breakdowns")
     args = parser.parse_args(argv)

@@ -165,16 +165,18 @@ def test_cross_validated_figures_as_measured(cv: fit.CrossValidation) -> None:
     against regressions, not a target (see the xfail below)."""
     held = cv.cross_validated
     assert held.success_kept_frac is not None and held.success_kept_frac >= 0.986
-    assert held.oom_pruned_frac is not None and held.oom_pruned_frac >= 0.91
-    assert held.reserved_median_abs_rel_err is not None and held.reserved_median_abs_rel_err <= 0.088
-    assert held.reserved_p90_abs_rel_err is not None and held.reserved_p90_abs_rel_err <= 0.24
+    # with the H100's measured capacity (81079 MiB, not nvidia-smi's 81559) the folds pick other
+    # constants: more OOMs pruned (0.914 -> 0.919), the reserved error a little wider
+    assert held.oom_pruned_frac is not None and held.oom_pruned_frac >= 0.919
+    assert held.reserved_median_abs_rel_err is not None and held.reserved_median_abs_rel_err <= 0.089
+    assert held.reserved_p90_abs_rel_err is not None and held.reserved_p90_abs_rel_err <= 0.246
     assert held.best_kept is True
     assert cv.in_sample.reserved_p90_abs_rel_err is not None
     assert cv.in_sample.reserved_p90_abs_rel_err <= held.reserved_p90_abs_rel_err
 
 
 @pytest.mark.xfail(strict=True, reason="issue 17's targets are not met leave-one-model-out: "
-                                       "kept 0.986, OOM pruned 0.914, reserved median 0.087, p90 0.238")
+                                       "kept 0.986, OOM pruned 0.919, reserved median 0.088, p90 0.245")
 def test_the_issue_targets_hold_on_the_model_left_out(cv: fit.CrossValidation) -> None:
     held = cv.cross_validated
     for name, (op, bound) in fit.TARGETS.items():

@@ -92,6 +92,20 @@ def test_every_run_that_ran_out_is_predicted_over_the_gpu(check: str) -> None:
     assert oom.sum() == CHECKS[check][1] and (runs.total[oom] > get_gpu(gpu).memory_bytes).all()
 
 
+def test_expandable_segments_let_the_runs_that_fragmentation_stopped_complete() -> None:
+    """The same two runs with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments grow in
+    place instead of being split, so the reserve that could not be released is not there, and
+    both complete on the card that stopped them, with the same allocated peaks."""
+    plain = pd.read_csv(FIXTURES / "h100_builtin_runs.csv")
+    expandable = pd.read_csv(FIXTURES / "h100_builtin_runs_expandable_segments.csv")
+    card = get_gpu("h100-sxm").memory_bytes
+    for mbs in (2, 4):
+        before, after = same_run(plain, "playbook-3b", mbs, "full"), same_run(expandable, "playbook-3b", mbs, "full")
+        assert before.outcome == "oom" and after.outcome == "completed"
+        assert after.mem_reserved_bytes + after.mem_outside_allocator_bytes < card
+        assert abs(after.mem_allocated_bytes / before.mem_allocated_bytes - 1) < 0.01
+
+
 def test_with_recomputation_the_end_of_the_forward_can_be_the_peak() -> None:
     """torch.autocast caches the bf16 cast of every weight until its region exits, after the
     loss: at the end of the forward every layer's cast is alive, even where layers are recomputed,
