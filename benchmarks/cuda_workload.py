@@ -18,7 +18,8 @@ group, runs an all-reduce, a bf16 GEMM and flash attention, and reports the devi
 (cudaMemGetInfo) less what the allocator reserved. With one rank NCCL sets up no peer
 connections, so this is a lower bound of a multi-GPU job's overhead.
 
-    python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...] [--no-capped] [--no-memtrack]
+    python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...] [--gpu-memory-gb 200]
+        [--alloc-conf expandable_segments:True] [--no-capped] [--no-memtrack]
 
 Per run it also prints the start-up and model-build seconds (rank 0's `done` line), the memory
 the run measured outside the allocator at its steps, and how often the caching allocator had to
