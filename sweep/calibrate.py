@@ -237,12 +237,13 @@ def relative_errors(frame: pd.DataFrame, work: Workload, coeffs: Coefficients,
 def workloads_for(spec: Spec) -> dict[str, Workload]:
     """One throughput-model workload per model of the spec, by model name."""
     from sweep.memory_profiles import PROFILES
+    from sweep.traffic import traffic_for
 
     profile = PROFILES.get(spec.framework, PROFILES["builtin"])
     return {shape.name: Workload(shape, spec.seq_len, spec.gpu_spec, spec.dtype,
                                  spec.gpus_per_node_resolved,
                                  GRAD_REDUCE_BYTES.get(spec.framework, 4),
-                                 stage_split=profile.stage_split)
+                                 stage_split=profile.stage_split, traffic=traffic_for(spec.framework))
             for shape in spec.model_shapes}
 
 

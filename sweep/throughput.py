@@ -41,8 +41,9 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    position (with vpp, after each chunk's first). θ ≈ 2.4 ms. See below.
 - ``memory_traffic`` memory-bound bytes no FLOP count sees (norms, residuals, rotary, SwiGLU,
                    attention I/O: 3 · act · (18h + 3F) per token and layer; nanotron's fp32
-                   loss: 60 B per logit) at the catalog's HBM rate, in the same 1F1B form as
-                   ``compute``. θ = 1, kept at the prior by every fit
+                   loss: 60 B per logit; the built-in workload's eager operators, casts and
+                   fp32 gradient accumulation: its own counts, `sweep.traffic`) at the catalog's
+                   HBM rate, in the same 1F1B form as ``compute``. θ = 1, kept at the prior by every fit
                    (`sweep.calibrate.PHYSICAL_FEATURES`): within one model these bytes grow with
                    the tokens exactly as the FLOPs do, so only a second model could fit it.
 
@@ -134,6 +135,7 @@ import pandas as pd
 from sweep.flops import DEFAULT_CONVENTION, flops_per_token
 from sweep.hardware import GpuSpec
 from sweep.model import ModelShape, count_parameters
+from sweep.traffic import DTYPE_BYTES, FUSED, Traffic
 
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
@@ -146,7 +148,6 @@ MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
 # (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
 # FSDP2 mixed precision reduces in fp32).
 GRAD_REDUCE_BYTES: Final = {"nanotron": 4, "megatron": 2, "torchtitan": 4, "builtin": 4}
-DTYPE_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 1, "tf32": 4, "fp32": 4}
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,8 @@ class Workload:
     # How the framework splits layers over pipeline stages: "cost" (nanotron's balanced split,
     # the LM head counted as layers) or "even" (sweep.memory_profiles names each framework's).
     stage_split: str = "cost"
+    # The memory-bound bytes of the framework's kernels (sweep.traffic): fused, or the built-in's.
+    traffic: Traffic = FUSED
 
     @property
     def peak(self) -> float:
@@ -311,13 +314,13 @@ def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
 
 
 def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray,
-                 split: str = "cost", layer_bytes: float = 0.0, head_bytes: float = 0.0,
-                 seconds_per_flop: float = 0.0, seconds_per_byte: float = 0.0
-                 ) -> tuple[np.ndarray, ...]:
+                 split: str = "cost", layer_bytes: np.ndarray | float = 0.0,
+                 head_bytes: np.ndarray | float = 0.0, seconds_per_flop: float = 0.0,
+                 seconds_per_byte: float = 0.0) -> tuple[np.ndarray, ...]:
     """Per token: FLOPs of the stage that paces the pipeline and of all stages; layers of the
     stage with the most layers; the parameters of the largest stage; and the memory-bound bytes
-    (`layer_bytes` per layer, `head_bytes` on the last stage) of the pacing stage and of all
-    stages. The pacing stage has the most work in time at the prior rates (`seconds_per_flop`,
+    (`layer_bytes` per layer, `head_bytes` on the last stage, per row or for all) of the pacing
+    stage and of all stages. The pacing stage has the most work in time at the prior rates (`seconds_per_flop`,
     `seconds_per_byte`).
 
     The stages are the framework's own split (nanotron balances a cost that counts the LM head as
@@ -336,8 +339,10 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     L = shape.num_layers
     total = L * layer_f + head_f
     stage_f = np.array(total, dtype=float, copy=True)
-    total_b = L * layer_bytes + head_bytes
-    stage_b = np.full(len(pp), float(total_b))
+    layer_b = np.broadcast_to(np.asarray(layer_bytes, dtype=float), pp.shape)
+    head_b = np.broadcast_to(np.asarray(head_bytes, dtype=float), pp.shape)
+    total_b = L * layer_b + head_b
+    stage_b = np.array(total_b, dtype=float, copy=True)
     stage_layers = np.full(len(pp), float(L))
     stage_params = np.full(len(pp), float(params.total))
     for p in np.unique(pp[pp > 1]):
@@ -350,8 +355,8 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         # head's stage holds few layers but all the fp32 logits' bytes. Its FLOPs and bytes are
         # charged together, not the FLOP-busiest stage's FLOPs plus the layer-heaviest stage's
         # bytes plus the head's.
-        per_bytes = np.broadcast_to(counts[None, :] * layer_bytes, per_stage.shape).copy()
-        per_bytes[:, -1] += head_bytes
+        per_bytes = counts[None, :] * layer_b[rows, None]
+        per_bytes[:, -1] += head_b[rows]
         busiest = np.argmax(per_stage * seconds_per_flop + per_bytes * seconds_per_byte, axis=1)
         stage_f[rows] = per_stage[np.arange(len(busiest)), busiest]
         stage_b[rows] = per_bytes[np.arange(len(busiest)), busiest]
@@ -363,7 +368,7 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
         # The first stage holds the embedding, the last the LM head (a copy of it when tied).
         # (MoE: all experts count; sharding them over EP is left out of this estimate.)
         stage_params[rows] = counts.max() * params.per_layer + params.embedding
-    return stage_f, total, stage_layers, stage_params, stage_b, np.asarray(total_b)
+    return stage_f, total, stage_layers, stage_params, stage_b, total_b
 
 
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
@@ -384,16 +389,19 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     one = np.ones_like(tp)
     inter_bw = _inter_node_bandwidth(frame, work)
 
-    # Memory-bound work that no FLOP count sees, at the HBM rate: per token and layer (fwd + bwd
-    # ≈ 3 × fwd) the norms, residual adds, rotary, SwiGLU and attention I/O move ~(18h + 3F)
-    # elements forward; nanotron's loss casts the logits to fp32 (models/llama.py:971-973) and
-    # runs max, subtract, exp, sum, divide and the backward in place over them
-    # (tensor_parallel/functional.py:31-107): ~60 bytes per logit. Per token this grows as h and
-    # V while the GEMMs grow as h^2 and V·h: it weighs 2x more on h = 2048 than on h = 4096.
+    # Memory-bound work that no FLOP count sees, at the HBM rate (sweep.traffic). Fused kernels:
+    # per token and layer (fwd + bwd ≈ 3 × fwd) the norms, residual adds, rotary, SwiGLU and
+    # attention I/O move ~(18h + 3F) elements forward; nanotron's loss casts the logits to fp32
+    # (models/llama.py:971-973) and runs max, subtract, exp, sum, divide and the backward in place
+    # over them (tensor_parallel/functional.py:31-107): ~60 bytes per logit. Per token this grows
+    # as h and V while the GEMMs grow as h^2 and V·h: it weighs 2x more on h = 2048 than on
+    # h = 4096. The built-in workload's eager kernels move 5-8 times that, and its casts and fp32
+    # gradient accumulation move bytes per parameter and micro-batch too.
     ffn = shape.moe_ffn_hidden_size * shape.experts_per_token if shape.is_moe \
         else shape.ffn_hidden_size
-    layer_bytes = 3 * act * (18.0 * shape.hidden_size + 3.0 * ffn)
-    logit_bytes = 60.0 * shape.vocab_size
+    counts = [work.traffic.counts(work.dtype, mode) for mode in recompute]
+    layer_bytes = np.array([c.per_token_layer(shape.hidden_size, shape.q_dim, ffn) for c in counts])
+    logit_bytes = np.array([c.per_token_head(shape.hidden_size, shape.vocab_size) for c in counts])
     hbm = work.gpu.hbm_GBps * 1e9
 
     stage_f, total_f, stage_layers, stage_params, stage_b, total_b = _stage_split(
@@ -410,7 +418,12 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # The same 1F1B form for the paced stage's bytes (its layers' and, on the last stage, the
     # logits').
     byte_slots = m * stage_b + (total_b - stage_b) / vpp
-    memory_traffic = (tokens_mb / (tp * cp) * byte_slots / hbm if hbm > 0
+    # and, per micro-batch, the bytes per parameter of the stage (casts, gradient accumulation)
+    params = count_parameters(shape)
+    head_params = params.embedding + params.lm_head
+    param_bytes = m * ((stage_params - head_params) * np.array([c.layer_param for c in counts])
+                       + head_params * np.array([c.head_param for c in counts])) / tp
+    memory_traffic = ((tokens_mb / (tp * cp) * byte_slots + param_bytes) / hbm if hbm > 0
                       else np.zeros_like(tp))
 
     # Per-layer collectives on the critical path: TP (SP: 4 all-gathers + 4 reduce-scatters per
