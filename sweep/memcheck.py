@@ -193,12 +193,17 @@ def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
     rank = [MEASURED_RANK.get((str(f), str(m))) or MEASURED_RANK.get(("*", str(m)))
             for f, m in zip(framework, mem_source, strict=True)]
     on_gpu = pd.Series([r is not None for r in rank], index=raw.index)
+    # A run that fitted only because the caching allocator released its cache and retried has a
+    # reserved peak set by the card, not by its configuration: no measure of the model's reserve.
+    flushed = (pd.to_numeric(raw["mem_alloc_retries"]).fillna(0) > 0 if "mem_alloc_retries" in raw
+               else pd.Series(False, index=raw.index))
     frame = pd.DataFrame({
         "model": raw["model"].map({m: _model_for_label(m, spec) for m in raw["model"].unique()}),
         "outcome": outcome, "grad_acc": raw["grad_acc"],
         "sp": raw["sp"] if "sp" in raw else max(spec.axes.sp),
         "alloc_bytes": pd.to_numeric(raw["mem_allocated_bytes"]).astype("float64").where(on_gpu),
-        "reserved_bytes": pd.to_numeric(raw["mem_reserved_bytes"]).astype("float64").where(on_gpu),
+        "reserved_bytes": pd.to_numeric(raw["mem_reserved_bytes"]).astype("float64").where(
+            on_gpu & ~flushed),
         "tokens_per_sec_per_gpu": raw.get("tokens_per_sec_per_gpu", np.nan),
         "measured_stage": [r[0] if r else "first" for r in rank],
         "alloc_peak": [r[1] if r else "step" for r in rank]})

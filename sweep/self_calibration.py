@@ -26,6 +26,9 @@ predicted reserved peak r_i, overhead o_i + d and the memory limit L_i it ran un
    cluster; the spread around it is the memory band's to cover (`sweep.space.memory_over` keeps
    what the band straddles as a probe), so t is the central ratio, not the largest: the largest
    inflates every prediction by the worst-predicted attempt's error and prunes runs that fit.
+   An attempt that fitted only because the caching allocator released its cache and retried
+   (`mem_alloc_retries` > 0) is left out of t: its reserved peak is the card's limit, not what
+   its configuration reserves (an H100 cut one from 79.2 to 75.3 GiB); it still bounds k (2.).
    (`benchmarks/self_calibration_transfer.py` measures both on a model the constants were not
    fitted on: the largest ratio keeps 2-3 % fewer of that model's successful runs than the
    geometric mean, on average over its settings, and doubles the error of the reserved peaks);
@@ -98,6 +101,8 @@ class MemoryCorrection:
     # added to every predicted overhead: the largest measured excess over it (0: none measured)
     overhead_delta_bytes: float = 0.0
     n_overhead_measured: int = 0  # attempts whose memory outside the allocator was measured
+    # completed attempts that fitted only by flushing the allocator's cache: not in the target
+    n_flushed: int = 0
 
     @property
     def bound_by(self) -> str:
@@ -187,6 +192,8 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out["measured_reserved"] = attempts["mem_reserved_bytes"].astype("float64")
     out["measured_outside"] = (attempts["mem_outside_allocator_bytes"].astype("float64")
                                if "mem_outside_allocator_bytes" in attempts else np.nan)
+    out["flushed"] = (attempts["mem_alloc_retries"].astype("float64").fillna(0) > 0
+                      if "mem_alloc_retries" in attempts else False)
     out["pred_reserved"] = np.nan
     out["pred_overhead"] = np.nan
     budget = space.memory_budget_bytes(spec)
@@ -218,7 +225,10 @@ def fit_correction(ev: pd.DataFrame,
     """The factor of the module docstring's rule, on `evidence` rows (pure). `target_of` turns
     the measured / predicted ratios into the target (the benchmark compares others)."""
     completed, oom = ev["outcome"] == "completed", ev["outcome"] == "oom"
+    flushed = ev["flushed"].astype(bool) if "flushed" in ev else pd.Series(False, index=ev.index)
     measured = completed & (ev["measured_reserved"] > 0) & (ev["pred_reserved"] > 0)
+    set_aside = measured & flushed  # their reserved peak is the card's: a bound, not a measure
+    measured &= ~flushed
     ratios = (ev.loc[measured, "measured_reserved"] / ev.loc[measured, "pred_reserved"]).to_numpy()
     target = target_of(ratios) if len(ratios) else 1.0
     outside = ev["measured_outside"] if "measured_outside" in ev else pd.Series(np.nan, ev.index)
@@ -244,7 +254,8 @@ def fit_correction(ev: pd.DataFrame,
         factor=factor, target=target, lower=lower, upper=upper,
         n_completed=int(completed.sum()), n_oom=int(oom.sum()), n_measured=int(measured.sum()),
         n_unbounded=int((~bounded).sum()), unexplained_ooms=tuple(ids),
-        overhead_delta_bytes=delta, n_overhead_measured=int(len(excess)))
+        overhead_delta_bytes=delta, n_overhead_measured=int(len(excess)),
+        n_flushed=int(set_aside.sum()))
 
 
 def residuals(ev: pd.DataFrame, factor: float) -> tuple[dict[str, Any], ...]:
@@ -347,7 +358,10 @@ def describe(calibration: Calibration, changed: dict[str, int]) -> list[str]:
     m = calibration.memory
     lines = [f"memory calibrated from {calibration.source} (sha256 "
              f"{calibration.source_sha256[:12]}…): {m.n_completed} completed and {m.n_oom} OOM "
-             f"attempt(s), {m.n_measured} with a measured peak",
+             f"attempt(s), {m.n_measured} with a measured peak"
+             + (f" ({m.n_flushed} more fitted only by flushing the allocator's cache: their "
+                f"reserved peak is the card's, so it bounds k and does not set it)"
+                if m.n_flushed else ""),
              f"  reserved peak × {m.factor:.3f} (measured peaks ask × {m.target:.3f}; bounds "
              f"[{'–' if m.lower is None else f'{m.lower:.3f}'}, "
              f"{'–' if m.upper is None else f'{m.upper:.3f}'}]; set by {m.bound_by})"]

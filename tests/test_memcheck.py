@@ -279,6 +279,19 @@ def test_a_sweeps_runs_parquet_is_read_attempt_by_attempt(sweep_runs: memcheck.R
     assert frame.reserved_bytes.isna().tolist() == [False] * 3 + [True, False, True, False]
 
 
+def test_a_run_that_fitted_only_by_flushing_the_allocator_scores_no_reserved_peak(
+        tmp_path: Path, playbook: Spec) -> None:
+    """The caching allocator released its cache and retried (`mem_alloc_retries`): its reserved
+    peak is the card's limit, not what the configuration reserves, so it is no measure of the
+    model's reserve; its allocated peak and its outcome still count."""
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame([_attempt(mem_alloc_retries=0.0), _attempt(mem_alloc_retries=2.0),
+                  _attempt(mem_alloc_retries=None)]).to_parquet(path)
+    frame = memcheck.read_runs(path, playbook).frame
+    assert frame.reserved_bytes.isna().tolist() == [False, True, False]
+    assert frame.alloc_bytes.notna().all() and (frame.outcome == "success").all()
+
+
 def test_a_sweeps_peaks_are_predicted_for_the_stage_and_window_that_were_measured(
         sweep_runs: memcheck.Runs, playbook: Spec) -> None:
     judged = memcheck.judge(sweep_runs, playbook)

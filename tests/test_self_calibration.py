@@ -43,6 +43,19 @@ def test_completed_attempts_alone_scale_the_prediction_by_their_central_ratio() 
     assert (fit.n_completed, fit.n_oom, fit.n_measured, fit.n_unbounded) == (2, 0, 2, 2)
 
 
+def test_a_run_that_fitted_only_by_flushing_the_allocator_bounds_the_factor_but_does_not_set_it() -> None:
+    """Its reserved peak is the card's limit (the allocator released its cache and retried), not
+    what its configuration reserves: an H100 cut one from 79.2 to 75.3 GiB. Counted in the target
+    it would pull k down; it still proves that its configuration fits."""
+    rows = (("completed", 100, 100, 1000), ("completed", 700, 1000, 800))
+    plain = fit_correction(evidence(*rows))
+    flushed = fit_correction(evidence(*rows).assign(flushed=[False, True]))
+    assert plain.target == pytest.approx((1.0 * 0.7) ** 0.5)  # the flushed peak counted: too low
+    assert flushed.target == pytest.approx(1.0) and flushed.n_flushed == 1 and flushed.n_measured == 1
+    assert flushed.upper == pytest.approx((800 - 100) / 1000)  # it ran: k * 1000 + 100 <= 800
+    assert flushed.factor == pytest.approx(0.7) and flushed.bound_by == "completed"
+
+
 def test_without_measured_peaks_the_prior_stands_unless_an_outcome_moves_it() -> None:
     assert fit_correction(evidence(("completed", None, 100, 1000))).factor == 1.0
     fit = fit_correction(evidence(("completed", None, 400, 400)))  # ran: 400k + 100 <= 400
