@@ -11,10 +11,11 @@ not on the model alone:
 - the built-in workload (`sweep.workload`) is eager PyTorch: fp32 norms in several kernels, an
   fp32 residual stream, autocast casting every weight to bf16 in each micro-batch's forward (and
   again where layers are recomputed), the gradients cast back to fp32 and accumulated in fp32,
-  K/V repeated to the query heads. Its bytes are counted, not estimated:
-  `tests/workload/test_memory_traffic.py` runs one training step on CPU under a dispatch mode
-  that adds up the bytes read and written by every operator but the matmuls and attention, and
-  checks these figures. They are 5-8 times the fused count per token; on the same runs an H100's
+  K/V repeated to the query heads. Its bytes are counted, not estimated: `scripts/count_traffic.py`
+  runs small training steps on CPU under a dispatch mode that adds up the bytes read and written
+  by every operator but the matmuls and attention (`sweep.workload.bytes_moved`) and reads these
+  figures off them; `tests/workload/test_memory_traffic.py` checks them, and checks them on a
+  shape they were not read from. They are 5-8 times the fused count per token; on the same runs an H100's
   slower HBM made the built-in's steps 8-23 % longer than an H200's (README, "On a real GPU").
 
 Pure data; `Workload.traffic` carries one.
@@ -74,16 +75,17 @@ class Traffic:
 
 FUSED: Final = Traffic(name="fused")
 
-# Counted on CPU (torch 2.13) by tests/workload/test_memory_traffic.py: bf16 autocast ("mixed")
+# Counted on CPU (torch 2.13) by scripts/count_traffic.py (`sweep.workload.bytes_moved`,
+# TrafficCounts fields in order), rounded to 0.1 byte: bf16 autocast ("mixed")
 # and fp32; recomputation re-runs every element-wise operator of the layer (selective keeps only
 # matmul and attention outputs, so it moves the same bytes as full). K/V are repeated to the
 # query heads, so attention's bytes follow the query width, not the KV width.
 BUILTIN: Final = Traffic(
     name="builtin",
-    mixed={"none": TrafficCounts(400.0, 232.0, 28.0, 1476.0, 144.0, 44.0, 18.0, 16.0),
-           "recomputed": TrafficCounts(496.0, 328.0, 38.0, 2368.0, 144.0, 44.0, 24.0, 16.0)},
-    full={"none": TrafficCounts(332.0, 184.0, 56.0, 1476.0, 133.0, 32.0, 6.0, 10.0),
-          "recomputed": TrafficCounts(400.0, 256.0, 76.0, 2368.0, 133.0, 32.0, 6.0, 10.0)},
+    mixed={"none": TrafficCounts(400.0, 232.0, 28.0, 1476.0, 144.5, 44.0, 18.0, 16.0),
+           "recomputed": TrafficCounts(496.0, 328.0, 38.0, 2368.0, 144.5, 44.0, 24.0, 16.0)},
+    full={"none": TrafficCounts(332.0, 184.0, 56.0, 1476.0, 132.5, 32.0, 6.0, 10.0),
+          "recomputed": TrafficCounts(400.0, 256.0, 76.0, 2368.0, 132.5, 32.0, 6.0, 10.0)},
 )
 
 
