@@ -21,7 +21,9 @@ connections, so this is a lower bound of a multi-GPU job's overhead.
     python benchmarks/cuda_workload.py [--out DIR] [--models playbook-1b ...] [--gpu-memory-gb 200]
         [--alloc-conf expandable_segments:True] [--no-capped] [--no-memtrack]
 
-Per run it also prints the start-up and model-build seconds (rank 0's `done` line), the memory
+Per run it also prints the step time the throughput model predicts (the physical prior with the
+built-in's counted memory-bound bytes, what `sweep plan` starts from), the start-up and
+model-build seconds (rank 0's `done` line), the memory
 the run measured outside the allocator at its steps, and how often the caching allocator had to
 release its cache and retry (`mem_alloc_retries`). `--gpu-memory-gb 200` lifts the planner's limit
 so that the device, not the memory model, decides what fits: how a run near the line ends is the
@@ -175,7 +177,22 @@ def start_up(sweep_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(found, columns=["run_id", "startup_s", "build_s"]).drop_duplicates("run_id", keep="last")
 
 
-def per_run(runs: pd.DataFrame, timings: pd.DataFrame) -> pd.DataFrame:
+def predicted_step(runs: pd.DataFrame, spec_path: Path) -> pd.Series:
+    """The step time `sweep plan` predicts for each run: the physical throughput prior with the
+    built-in's counted memory-bound bytes (`sweep.traffic`) on the spec's GPU."""
+    from sweep.calibrate import workloads_for
+    from sweep.spec import load_spec
+    from sweep.throughput import Coefficients, predict
+
+    work = workloads_for(load_spec(spec_path))
+    out = pd.Series(np.nan, index=runs.index)
+    for name, group in runs.groupby("model"):
+        if name in work:
+            out[group.index] = predict(group, work[name], Coefficients())["pred_step_time_s"]
+    return out
+
+
+def per_run(runs: pd.DataFrame, timings: pd.DataFrame, spec_path: Path) -> pd.DataFrame:
     runs = runs.merge(timings, on="run_id", how="left")
     def column(name: str) -> pd.Series:
         return runs[name] if name in runs else pd.Series(np.nan, index=runs.index)
@@ -188,13 +205,15 @@ def per_run(runs: pd.DataFrame, timings: pd.DataFrame) -> pd.DataFrame:
         "alloc_meas_gib": runs["mem_allocated_bytes"] / GIB,
         "resv_pred_gib": runs["mem_predicted_reserved_bytes"] / GIB,
         "resv_meas_gib": runs["mem_reserved_bytes"] / GIB,
-        "step_s": runs["step_time_mean_s"], "steps_avg": runs["step_time_n"],
+        "step_s": runs["step_time_mean_s"], "step_pred_s": predicted_step(runs, spec_path),
+        "steps_avg": runs["step_time_n"],
         "tok_s_gpu": runs["tokens_per_sec_per_gpu"], "mfu": runs["mfu_full_attention"],
         "outside_gib": outside / GIB, "alloc_retries": column("mem_alloc_retries"),
         "startup_s": runs["startup_s"], "build_s": runs["build_s"],
     })
     table["alloc_err"] = table.alloc_pred_gib / table.alloc_meas_gib - 1.0
     table["resv_err"] = table.resv_pred_gib / table.resv_meas_gib - 1.0
+    table["step_err"] = table.step_pred_s / table.step_s - 1.0
     return table.sort_values(["model", "recompute", "mbs"]).reset_index(drop=True)
 
 
@@ -288,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     print(check.stdout, check.stderr, sep="\n")
     scores = json.loads(check.stdout) if check.returncode == 0 and check.stdout.strip() else {}
     runs = pd.read_parquet(runs_file)
-    table = per_run(runs, start_up(args.out / "sweep"))
+    table = per_run(runs, start_up(args.out / "sweep"), spec)
     oom = {"skipped": "--no-capped"} if args.no_capped else capped_run(args, gpu, table)
     breakdown = {"skipped": "--no-memtrack"} if args.no_memtrack else memtrack_breakdowns(args, runs)
     with pd.option_context("display.width", 200, "display.max_columns", 30):
@@ -309,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         "reserved_median_abs_err": float(np.median(resv)) if len(done) else float("nan"),
         "reserved_max_abs_err": float(resv.max()) if len(done) else float("nan"),
         "mfu_best": float(done.mfu.max()) if len(done) else float("nan"),
+        "step_median_abs_err": float(np.median(done.step_err.abs())) if len(done) else float("nan"),
         "outside_allocator_gib": outside.get("outside_allocator_bytes", float("nan")) / GIB,
         "outside_in_runs_max_gib": float(done.outside_gib.max()) if len(done) else float("nan"),
         "build_s_median": float(done.build_s.median()) if len(done) else float("nan"),
