@@ -179,6 +179,15 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
     return _usable(frame, spec, fmt, skipped=pd.Series(False, index=frame.index))
 
 
+def fitted_by_flushing(runs: pd.DataFrame) -> pd.Series:
+    """The attempts that fitted only because the caching allocator released its cache and
+    retried (`mem_alloc_retries` > 0): their reserved peak is set by the card, not by their
+    configuration, so it is no measure of the model's reserve (their outcome still is)."""
+    if "mem_alloc_retries" not in runs:
+        return pd.Series(False, index=runs.index)
+    return pd.to_numeric(runs["mem_alloc_retries"]).fillna(0) > 0
+
+
 def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
     """A runs.parquet: the attempts that say something about memory, their own layout columns,
     and the stage and allocated peak their memory source measured (`MEASURED_RANK`)."""
@@ -193,10 +202,7 @@ def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
     rank = [MEASURED_RANK.get((str(f), str(m))) or MEASURED_RANK.get(("*", str(m)))
             for f, m in zip(framework, mem_source, strict=True)]
     on_gpu = pd.Series([r is not None for r in rank], index=raw.index)
-    # A run that fitted only because the caching allocator released its cache and retried has a
-    # reserved peak set by the card, not by its configuration: no measure of the model's reserve.
-    flushed = (pd.to_numeric(raw["mem_alloc_retries"]).fillna(0) > 0 if "mem_alloc_retries" in raw
-               else pd.Series(False, index=raw.index))
+    flushed = fitted_by_flushing(raw)
     frame = pd.DataFrame({
         "model": raw["model"].map({m: _model_for_label(m, spec) for m in raw["model"].unique()}),
         "outcome": outcome, "grad_acc": raw["grad_acc"],

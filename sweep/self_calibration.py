@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from sweep import memory, space
+from sweep.memcheck import fitted_by_flushing
 from sweep.spec import Spec
 from sweep.state import file_sha256
 
@@ -192,8 +193,7 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     out["measured_reserved"] = attempts["mem_reserved_bytes"].astype("float64")
     out["measured_outside"] = (attempts["mem_outside_allocator_bytes"].astype("float64")
                                if "mem_outside_allocator_bytes" in attempts else np.nan)
-    out["flushed"] = (attempts["mem_alloc_retries"].astype("float64").fillna(0) > 0
-                      if "mem_alloc_retries" in attempts else False)
+    out["flushed"] = fitted_by_flushing(attempts)
     out["pred_reserved"] = np.nan
     out["pred_overhead"] = np.nan
     budget = space.memory_budget_bytes(spec)

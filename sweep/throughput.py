@@ -43,9 +43,10 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    attention I/O: 3 · act · (18h + 3F) per token and layer; nanotron's fp32
                    loss: 60 B per logit; the built-in workload's eager operators, casts and
                    fp32 gradient accumulation: its own counts, `sweep.traffic`) at the catalog's
-                   HBM rate, in the same 1F1B form as ``compute``. θ = 1, kept at the prior by every fit
-                   (`sweep.calibrate.PHYSICAL_FEATURES`): within one model these bytes grow with
-                   the tokens exactly as the FLOPs do, so only a second model could fit it.
+                   HBM rate, in the same 1F1B form as ``compute``. θ = 1, kept at the prior by
+                   every fit (`sweep.calibrate.PHYSICAL_FEATURES`): within one model these bytes
+                   grow with the tokens exactly as the FLOPs do, so only a second model could
+                   fit it.
 
 Not every term adds. The GPU's queue (compute, layer_comm(_inter), pp_comm, memory_traffic) and
 the host's (layer_passes, latency, pipe_tp_sync, p2p_inter) run side by side: step = the other
@@ -320,8 +321,8 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     """Per token: FLOPs of the stage that paces the pipeline and of all stages; layers of the
     stage with the most layers; the parameters of the largest stage; and the memory-bound bytes
     (`layer_bytes` per layer, `head_bytes` on the last stage, per row or for all) of the pacing
-    stage and of all stages. The pacing stage has the most work in time at the prior rates (`seconds_per_flop`,
-    `seconds_per_byte`).
+    stage and of all stages. The pacing stage has the most work in time at the prior rates
+    (`seconds_per_flop`, `seconds_per_byte`).
 
     The stages are the framework's own split (nanotron balances a cost that counts the LM head as
     vocab/(4h + 3F) layers; Megatron and the others split the layers evenly), the LM head on the
@@ -371,6 +372,22 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     return stage_f, total, stage_layers, stage_params, stage_b, total_b
 
 
+def _traffic(work: Workload, recompute: np.ndarray, ffn: int) -> tuple[np.ndarray, ...]:
+    """Per row, by its recomputation mode (sweep.traffic): bytes per token and layer, per token
+    outside the layers, and per layer and per embedding/head parameter and micro-batch."""
+    shape = work.shape
+    modes = [str(m) for m in np.unique(recompute)]
+    counts = [work.traffic.counts(work.dtype, m) for m in modes]
+    rows = [recompute == m for m in modes]
+
+    def column(values: list[float]) -> np.ndarray:
+        return np.select(rows, values, np.nan) if rows else np.zeros(len(recompute))
+
+    return (column([c.per_token_layer(shape.hidden_size, shape.q_dim, ffn) for c in counts]),
+            column([c.per_token_head(shape.hidden_size, shape.vocab_size) for c in counts]),
+            column([c.layer_param for c in counts]), column([c.head_param for c in counts]))
+
+
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
     """The feature matrix (one row per plan row, columns FEATURES)."""
     missing = [c for c in LAYOUT_COLUMNS if c not in frame]
@@ -399,9 +416,7 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # gradient accumulation move bytes per parameter and micro-batch too.
     ffn = shape.moe_ffn_hidden_size * shape.experts_per_token if shape.is_moe \
         else shape.ffn_hidden_size
-    counts = [work.traffic.counts(work.dtype, mode) for mode in recompute]
-    layer_bytes = np.array([c.per_token_layer(shape.hidden_size, shape.q_dim, ffn) for c in counts])
-    logit_bytes = np.array([c.per_token_head(shape.hidden_size, shape.vocab_size) for c in counts])
+    layer_bytes, logit_bytes, layer_param_bytes, head_param_bytes = _traffic(work, recompute, ffn)
     hbm = work.gpu.hbm_GBps * 1e9
 
     stage_f, total_f, stage_layers, stage_params, stage_b, total_b = _stage_split(
@@ -421,8 +436,8 @@ def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) ->
     # and, per micro-batch, the bytes per parameter of the stage (casts, gradient accumulation)
     params = count_parameters(shape)
     head_params = params.embedding + params.lm_head
-    param_bytes = m * ((stage_params - head_params) * np.array([c.layer_param for c in counts])
-                       + head_params * np.array([c.head_param for c in counts])) / tp
+    param_bytes = m * ((stage_params - head_params) * layer_param_bytes
+                       + head_params * head_param_bytes) / tp
     memory_traffic = ((tokens_mb / (tp * cp) * byte_slots + param_bytes) / hbm if hbm > 0
                       else np.zeros_like(tp))
 

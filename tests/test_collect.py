@@ -445,26 +445,27 @@ def test_collect_records_the_figures_of_an_oom_attempt(tmp_path: Path) -> None:
 
 
 
-def test_a_completed_attempt_keeps_the_memory_it_measured_outside_the_allocator(tmp_path: Path) -> None:
-    """The built-in workload samples it each step on CUDA; self-calibration learns the runtime
-    overhead from completed runs, not only from OOMs."""
+def completed_row(tmp_path: Path, **summary: object) -> dict[str, Any]:
+    """The collected row of one completed attempt whose summary record adds `summary`."""
     config = make_config()
     run_dir = write_run(tmp_path, config)
     write_attempt(run_dir, 1, times=[0.5] * 10, status=completed_status(config.run_id),
-                  summary={**SUMMARY, "mem_outside_allocator_bytes": 1_300_000_000})
+                  summary={**SUMMARY, **summary})
     (row,) = collect_sweep(tmp_path).table.to_pylist()
+    return row
+
+
+def test_a_completed_attempt_keeps_the_memory_it_measured_outside_the_allocator(tmp_path: Path) -> None:
+    """The built-in workload samples it each step on CUDA; self-calibration learns the runtime
+    overhead from completed runs, not only from OOMs."""
+    row = completed_row(tmp_path, mem_outside_allocator_bytes=1_300_000_000)
     assert row["mem_outside_allocator_bytes"] == 1_300_000_000
 
 
 def test_a_completed_attempt_says_how_often_the_allocator_flushed_its_cache_to_fit(tmp_path: Path) -> None:
     """A run that fitted only by releasing the allocator's cache has a reserved peak set by the
     device, not by its configuration: the memory fit must know which runs those are."""
-    config = make_config()
-    run_dir = write_run(tmp_path, config)
-    write_attempt(run_dir, 1, times=[0.5] * 10, status=completed_status(config.run_id),
-                  summary={**SUMMARY, "mem_alloc_retries": 3})
-    (row,) = collect_sweep(tmp_path).table.to_pylist()
-    assert row["mem_alloc_retries"] == 3
+    assert completed_row(tmp_path, mem_alloc_retries=3)["mem_alloc_retries"] == 3
 
 
 def test_an_oom_attempt_keeps_the_larger_of_its_sampled_and_its_message_s_overhead(tmp_path: Path) -> None:

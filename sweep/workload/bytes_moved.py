@@ -11,6 +11,7 @@ a shape they were not read from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Any, Final
 
@@ -18,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sweep.model import ModelShape
+from sweep.model import ModelShape, count_parameters
 from sweep.workload.model import build, cross_entropy
 from sweep.workload.parallel import apply_recompute
 
@@ -97,10 +98,6 @@ def count_builtin_traffic(base: ModelShape, mixed: bool, recompute: str) -> dict
     the layers, tokens × (outside·h + logit·V) + micro-batches × (embedding + head parameters) ×
     head_param. Differences between two depths, two lengths, two vocabularies and one width at a
     time give each coefficient exactly (up to whole bytes)."""
-    import dataclasses
-
-    from sweep.model import count_parameters
-
     def shape(layers: int, **wider: int) -> ModelShape:
         widths: dict[str, Any] = {**_BASE, **wider, "num_layers": layers}
         return dataclasses.replace(base, **widths)
