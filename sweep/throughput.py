@@ -10,10 +10,12 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    split from sweep.memory, LM head on the last stage; recomputation adds forward
                    FLOPs). θ = 1 / GEMM efficiency. m = grad_acc: the busiest stage paces the m
                    micro-batches and filling/draining the 1F1B pipeline costs the other stages'
-                   work once. (Was (m + pp − 1) · W_max, which overcharges unbalanced splits.)
-- ``layer_passes`` the same in layers, (m − 1) · layers_max + L: a fixed cost per layer and micro-batch (kernel
-                   launches, non-GEMM work). It makes the efficiency rise with the micro-batch and
-                   fall with the TP shard. θ = seconds per layer pass.
+                   work once ((m + pp − 1) · W_max would overcharge unbalanced splits).
+- ``layer_passes`` the same in layers, (m − 1) · layers_max + L: a fixed cost per layer and
+                   micro-batch (kernel launches, non-GEMM work). It makes the efficiency rise with
+                   the micro-batch and fall with the TP shard. θ = seconds per layer pass. The
+                   per-layer terms follow the stage with the most layers, not the FLOP-busiest
+                   (at pp = 8 nanotron's last stage can hold the LM head and no layer).
 - ``layer_comm``   (m + pp − 1) · layers_per_stage · bytes/bandwidth of the per-layer collectives
                    on the critical path: TP (8 all-gather/reduce-scatter with SP, 4 all-reduce
                    without), CP ring exchange of K/V, EP all-to-all. θ = exposed fraction.
@@ -28,7 +30,6 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    ``latency_inter``: per-layer collectives across nodes, times the congestion
                    factor. ``p2p_inter``: pipeline messages across nodes, one per message (the TP
                    ranks of a stage send their shards at once), times the congestion factor.
-                   (Was one per message and TP rank: that soaked up part of ``pipe_tp_sync``.)
 - ``dp_latency``   latency steps of the gradient buckets (25 MB each), overlapped like dp_comm.
 - ``dp_exposed``   the DP time nothing can hide: the gradient reduction beyond the backward pass
                    of the last micro-batch (2/3 of its compute), plus ZeRO's parameter
@@ -40,89 +41,45 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
                    time per micro-batch for every layer after a stage's first, per TP ring
                    position (with vpp, after each chunk's first). θ ≈ 2.4 ms. See below.
 - ``memory_traffic`` memory-bound bytes no FLOP count sees (norms, residuals, rotary, SwiGLU,
-                   attention I/O: 3 · act · (18h + 3F) per token and layer; nanotron's fp32
-                   loss: 60 B per logit; the built-in workload's eager operators, casts and
-                   fp32 gradient accumulation: its own counts, `sweep.traffic`) at the catalog's
-                   HBM rate, in the same 1F1B form as ``compute``. θ = 1, kept at the prior by
-                   every fit (`sweep.calibrate.PHYSICAL_FEATURES`): within one model these bytes
-                   grow with the tokens exactly as the FLOPs do, so only a second model could
-                   fit it.
+                   attention I/O, the loss, casts: `sweep.traffic`, per framework) at the
+                   catalog's HBM rate, in the same 1F1B form as ``compute``. θ = 1, kept at the
+                   prior by every fit (`sweep.calibrate.PHYSICAL_FEATURES`): within one model
+                   these bytes grow with the tokens exactly as the FLOPs do, so only a second
+                   model could fit it.
 
 Not every term adds. The GPU's queue (compute, layer_comm(_inter), pp_comm, memory_traffic) and
 the host's (layer_passes, latency, pipe_tp_sync, p2p_inter) run side by side: step = the other
 terms + (gpu^p + host^p)^(1/p) (`step_time`), p = ``overlap_power`` chosen by the fit from
 {0, 2, 4, 8, 16} (0 adds them) by the one-standard-error rule
 (`sweep.calibrate.simplest_within_one_error`). A small micro-batch on a narrow TP shard is
-bound by the host issuing kernels (1B at tp = 8 ran ~4.6 ms per layer and micro-batch whatever
-the FLOPs); a large one by the GPU. A sum charged both, so a fit on the mostly GPU-bound 8B set
-the host cost near zero and one on the mostly host-bound 1B charged it on top of 8B's GEMMs.
+bound by the host issuing kernels, a large one by the GPU; a sum would charge both, so a fit on
+a mostly GPU-bound model would set the host's cost near zero and one on a mostly host-bound
+model would charge it on top of the other's GEMMs.
 
-The pipeline runs' TP cost (``pipe_tp_sync``). In the post-fix playbook pipeline runs, the
-residuals followed pp × mbs (pp = 2, mbs = 1 runs 1.5x slower than predicted; pp ≥ 8, mbs ≥ 8 up
-to 2.3x faster) and the fit drove dp_exposed to 4. The step time at fixed tokens, fitted against
-the micro-batch count m for each (model, dp, tp, pp), isolates a fixed cost per micro-batch; it
-is what the pattern is made of:
-
-- it grows with tp − 1 and vanishes at tp = 1 (1B, pp = 2: ~0, 60, 125, 210, 490 ms per
-  micro-batch at tp = 1, 2, 4, 8, 16; at pp = 1 only 17-30, 50, 62, 116, which the TP ring
-  latency already explains);
-- it grows with the layers on a stage, not with their width: per layer, 1B (h = 2048) and 8B
-  (h = 4096) agree within ~20 % (tp = 8: ~25 ms per layer and micro-batch at pp = 2 for both),
-  so it is not activation bytes (p2p or TP volume); and it all but vanishes when stages hold
-  one layer (8B at pp = 32, tp = 4, one or two layers a stage: ~11 ms per micro-batch in all,
-  compute included, where a per-layer form charges ~14 ms for this cost alone).
-
-So in a pipeline run each TP collective after a stage's first layer costs ~0.3 ms per ring hop
-(~2.4 ms per layer, micro-batch and tp − 1), some 7x the ring latency of the same collective
-without a pipeline. A likely cause is nanotron's blocking p2p (a metadata receive that the host
-waits on before each activation): the host cannot run ahead of the GPU, and the TP ranks enter
-each collective out of step; the data fix the form, not the cause. Tested and rejected against
-the same residuals (full table, in-sample median with the term added to the old model, 17.6 %
-without): a p2p latency per micro-batch slot, 17.4 % (17.0 % per TP rank); a fixed cost per
-layer pass in pipeline runs, 17.3 %; charging every layer pass (the first included) per tp − 1,
-12.8 % in-sample but 20.2 % held out for 1B; activation bytes (the cost does not grow with h);
-the bubble and the LM head's stage (already in ``compute``; the cost is absent on one-layer
-stages, which hold the head when pp is large). Gradient reduction overlapping the cool-down is
-not needed either: with ``pipe_tp_sync`` in, dp_exposed falls from 4.1 to 2.1 (pinning it at 1
-costs 0.1 point on the full table, but 15 points held out for 1B on the charts table, whose
-pre-fix pipeline runs it then absorbs, so it stays free).
+Why ``pipe_tp_sync`` has its form: in nanotron's pipeline runs, the step time at fixed tokens,
+fitted against the micro-batch count for each (model, dp, tp, pp), holds a fixed cost per
+micro-batch that grows with tp − 1 and vanishes at tp = 1; that grows with the layers on a
+stage, not with their width (the 1B and 8B models agree per layer within ~20 %), so it is not
+activation bytes; and that all but vanishes when a stage holds one layer. So each TP collective
+after a stage's first layer costs ~0.3 ms per ring hop, some 7× the ring latency of the same
+collective without a pipeline. A likely cause is nanotron's blocking p2p (a metadata receive the
+host waits on before each activation): the host cannot run ahead of the GPU and the TP ranks
+enter each collective out of step. The data fix the form, not the cause. A p2p latency per
+micro-batch slot, a fixed cost per layer pass in pipeline runs, every layer pass charged per
+tp − 1, and activation bytes were each tried against the same residuals and explain less, or
+less on a model left out.
 
 Bandwidth of a group: inside one node, the catalog's NVLink figure; across nodes, the per-GPU
 network link times the group's ranks on one node (hierarchical collectives use every rail), capped
 by NVLink, and divided by (nodes spanned)^inter_scaling: large fabrics deliver less per GPU. The
 same congestion factor, nodes^inter_scaling, multiplies inter-node latency. A bandwidth the
 run's job measured over all its nodes (`MEASURED_INTER_NODE`) already holds that job's
-congestion, so its groups are scaled by (nodes spanned / job's nodes)^inter_scaling instead. Rank order is tp
-(innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
+congestion, so its groups are scaled by (nodes spanned / job's nodes)^inter_scaling instead. Rank
+order is tp (innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
 
-Pure: no I/O. Coefficients are fitted by `sweep.calibrate`.
-
-Calibrated on the playbook's 1,013 completed 1B/8B runs (`sweep calibrate`, charts table),
-median |error| of tokens/s/GPU 25.6 % → 25.2 % (ring latency, 1F1B split) → 23.2 %
-(``pipe_tp_sync``), p90 202 % → 208 % → 137 %; held out (fit on the other model) 1B 29.2 % →
-28.1 % → 22.3 %, 8B 34.1 % → 32.7 % → 30.1 %. Within the one post-fix pipeline campaign (430 runs, jobs
-14097145-14099341) the in-sample median fell 16.1 % → 12.5 % (p90 44 % → 37 %), most of it from
-the ring latency of TP collectives (log2 n charged tp = 2 as much as tp = 8 per hop count). What
-limits the all-runs figure is not these terms: 265 of the 1,013 runs are pipeline runs made
-before nanotron fixed its 1F1B engine (flagged `after_pp_fix = False` in nanotron's results table,
-not in the charts table) and ran 2-10x slower than the same layouts after the fix; another ~60
-ran on a degraded fabric (job batch 14113215-14113535: measured inter-node all-reduce 32 GB/s
-where the same node counts measured 90-200). Leaving out only the flagged pre-fix pipeline runs
-(`sweep calibrate playbook_bench_full_1B_8B.csv`, 761 runs): median 17.6 % → 12.9 % with
-``pipe_tp_sync`` (p90 97 % → 70 %), held out 19.7 % → 19.3 % (1B) and 24.1 % → 20.0 % (8B).
-Two later fixes (full table, 751 runs): the per-layer costs follow the stage with the most layers
-rather than the FLOP-busiest (at 1B, pp = 8 the LM head's stage is busiest with no layer, and
-``pipe_tp_sync`` was charged for none), and a run's inter-node bandwidth is the one its job
-measured where the table has it (`MEASURED_INTER_NODE`; the degraded batches above), with ten
-sick-node runs left out (`sweep.calibrate.sick_node_runs`): in-sample 12.9 % / 69.9 % → 12.5 % /
-39.2 %, held out 1B 19.3 % / 86.9 % → 18.9 % / 59.7 %, 8B 20.0 % / 139 % → 20.6 % / 46.2 %. Then
-the overlap of the GPU's and the host's queues, ``memory_traffic`` and the measured fabric's own
-congestion (same 751 runs): in-sample 6.4 % / 31.7 %, held out 1B 8.7 % / 29.4 %, 8B 8.9 % /
-34.9 %. Fitted on one model, the other was 1.3× off in its per-token cost relative to FLOPs (1B
-~12 % too fast, 8B 15-20 % too slow): a sum charged the host's per-layer cost on top of the
-GPU's, and the memory-bound bytes, which weigh twice as much per FLOP at h = 2048 as at 4096,
-were in no term. What is left is a bias per family: 8B's ZeRO-0 layouts at 8-64 nodes run
-8-30 % faster than predicted from 1B, their ZeRO-1 twins from 4 % faster to 15 % slower.
+Pure: no I/O. Coefficients are fitted by `sweep.calibrate`; how well the model predicts, in
+sample and on a model it was not fitted on, is measured by `sweep calibrate`, `sweep replay --cv
+model` and the benchmarks, and reported in the README ("Sweep economy").
 """
 
 from __future__ import annotations
