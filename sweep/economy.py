@@ -21,13 +21,10 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   the model is wrong widens its band. The coefficients themselves are the plan's and are not
   refitted between rounds: the runs of the first rounds are the model's own picks, a few
   families per cell, and a refit of every coefficient on them extrapolates to the families not
-  yet run. Replaying the playbook's 8B runs from the fit to 1B with that refit, the search
-  closed the 16-, 32- and 64-node cells 8.6 %, 26 % and 30 % short of their best (each a
-  ZeRO-0 layout it never tried); with `sweep.throughput_self_calibration`'s cross-validated
-  choice between a scale and the refit, the refit won and 3 of the 7 cells were missed.
-  Rescaling alone finds all 7 (`benchmarks/sweep_economy.py`). A cell closes when no
-  optimistic throughput beats its best measured run by more than ε, once it has run a floor of
-  min(min_cell_runs, min_cell_frac of its candidates, at least 3).
+  yet run (closing cells short of a ZeRO-0 layout it never tried: the README's "Sweep economy"
+  has the replays that showed it). A cell closes when no optimistic throughput beats its best
+  measured run by more than ε, once it has run a floor of min(min_cell_runs, min_cell_frac of
+  its candidates, at least 3).
   What the search records per cell: the regret bound at closing (1 − best / the highest
   optimistic throughput left untried) and how many launches the floor forced (the band alone
   would have closed the cell). The OOM rules of ``pruned`` apply too.
@@ -35,9 +32,7 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   `PLAN_PREDICTION`, where the candidates carry it; else the prior's), and for each of them
   that ran out of memory or failed, the next: rounds go on until every cell has `top`
   completed runs or nothing left to try. No refit and no closing band: it bets on the model's
-  *ranking* within a cell, which holds where its absolute error does not (replaying the
-  playbook, a model fitted on one size predicts the other's throughput 20 % off, yet ranks the
-  cell's best among its few fastest). What it costs and what it finds is measured, left out,
+  *ranking* within a cell, which holds where its absolute error does not. What it costs and what it finds is measured, left out,
   by `sweep replay --cv model --strategy shortlist`; `top` is chosen the same way.
 
 The oracle is a table of outcomes (`sweep replay` of a published sweep) or a callable that runs a
