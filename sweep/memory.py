@@ -40,12 +40,13 @@ from sweep.memory_profiles import PROFILES, MemoryProfile, get_profile
 from sweep.model import ModelShape, count_parameters
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
-           "stage_layer_counts", "stage_block_counts"]
+           "split_stages", "stage_layer_counts", "stage_block_counts", "STAGE_SPLITS"]
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
                      "fragmentation", "overhead")
 _INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
 STAGES: Final = ("most_loaded", "first", "last")
+STAGE_SPLITS: Final = ("even", "cost", "embedding_blocks", "megatron")
 _ACT_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4, "fp32": 4}
 
 
@@ -109,22 +110,66 @@ def _cost_split(model: ModelShape, pp: int) -> tuple[tuple[int, int], ...]:
     return tuple(zip(layers, blocks))
 
 
+@functools.cache
+def _even_split(layers: int, pp: int, embedding_blocks: int, head_blocks: int
+                ) -> tuple[tuple[int, int], ...]:
+    """(decoder layers, blocks) per stage when `embedding_blocks` embedding blocks, the L layers and
+    `head_blocks` head blocks are dealt out evenly in that order, the first stages taking one more
+    where they do not divide."""
+    items = [False] * embedding_blocks + [True] * layers + [False] * head_blocks
+    base, extra = divmod(len(items), pp)
+    out, start = [], 0
+    for rank in range(pp):
+        size = base + (1 if rank < extra else 0)
+        out.append((sum(items[start:start + size]), size))
+        start += size
+    return tuple(out)
+
+
+def _megatron_extra(layers: int, pp: int) -> int:
+    """How many of the loss and the embedding Megatron counts as a layer in its even split: the
+    fewest of 0, 1 (--account-for-loss-in-pipeline-split) and 2 (and
+    --account-for-embedding-in-pipeline-split) that make the layers divide, as
+    templates/launch/megatron.args renders them (0 where none does: the planner's rule prunes it)."""
+    return next((extra for extra in (0, 1, 2) if (layers + extra) % pp == 0), 0)
+
+
+def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int], ...]:
+    """(decoder layers, blocks) on each pipeline stage, under a framework's split (`STAGE_SPLITS`):
+
+    - "cost": nanotron's balanced split by compute cost (`_cost_split`);
+    - "even": the layers dealt out evenly, the first stages taking one more (the built-in
+      workload; DeepSpeed's partition method "type:transformer", with the embedding on stage 0);
+    - "embedding_blocks": the embedding and the LM head count as one layer each (torchtitan 0.2's
+      `generate_llm_fqn_per_model_part` with its default pipeline_parallel_first/last_stage_less_layers
+      of 1, torchtitan/distributed/pipeline_parallel.py; DeepSpeed's "type:transformer|embedding");
+    - "megatron": Megatron-LM's even split, counting the loss and then the embedding as a layer
+      where the layers alone do not divide (`_megatron_extra`).
+    """
+    if split == "cost":
+        return _cost_split(model, pp)
+    if split == "even":
+        return _even_split(model.num_layers, pp, 0, 0)
+    if split == "embedding_blocks":
+        return _even_split(model.num_layers, pp, 1, 1)
+    if split == "megatron":
+        extra = _megatron_extra(model.num_layers, pp)
+        return _even_split(model.num_layers, pp, 1 if extra == 2 else 0, 1 if extra >= 1 else 0)
+    raise ValueError(f"unknown stage split {split!r}; known: {', '.join(STAGE_SPLITS)}")
+
+
 def stage_layer_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
                        ) -> tuple[int, ...]:
     """Decoder layers on each pipeline stage, as the profile's framework splits them."""
-    if get_profile(profile).stage_split == "cost":
-        return tuple(n for n, _ in _cost_split(model, pp))
-    base, extra = divmod(model.num_layers, pp)
-    return tuple(base + (1 if r < extra else 0) for r in range(pp))
+    return tuple(n for n, _ in split_stages(model, pp, get_profile(profile).stage_split))
 
 
 def stage_block_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
                        ) -> tuple[int, ...]:
     """Pipeline blocks per stage; a stage with none cannot run. nanotron counts the embedding, the
-    final norm, the LM head, the fp32 cast and the loss as blocks too; the even split counts layers."""
-    if get_profile(profile).stage_split == "cost":
-        return tuple(b for _, b in _cost_split(model, pp))
-    return stage_layer_counts(model, pp, profile)
+    final norm, the LM head, the fp32 cast and the loss as blocks too; torchtitan and Megatron
+    (where it accounts for them) the embedding and the head; the even split counts layers."""
+    return tuple(b for _, b in split_stages(model, pp, get_profile(profile).stage_split))
 
 
 def _first_last_layers(model: ModelShape, pp: np.ndarray, profile: MemoryProfile
@@ -218,9 +263,11 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     per_token_layer = ((2 * norm + copies * a) * h / sp_div
                        + a * (2 * q + 2 * kv_saved + ffn_saved * k * ffn) / tp
                        + (a * 2 * h * k / sp_div if model.is_moe else 0.0))  # MoE: permuted tokens
-    if not prof.flash_attention:  # attention scores and softmax, unless recomputed
-        per_token_layer = per_token_layer + np.where(
-            masks["none"], a * 2 * model.num_attention_heads * (seq_len / cp) / tp, 0.0)
+    # Without flash attention the core attention saves its softmax and the dropout's output, two
+    # s x s tensors per head (Korthikanti et al. 2022, Sec. 4.1), unless it is recomputed; a
+    # recomputing backward holds them for the one layer (or core attention) it recomputes.
+    scores = 0.0 if prof.flash_attention else a * 2 * model.num_attention_heads * (seq_len / cp) / tp
+    per_token_layer = per_token_layer + np.where(masks["none"], scores, 0.0)
     # full: keeps each layer's input and recomputes one layer at a time in backward; selective
     # with the profile's `selective_saves` also keeps those linears' outputs and the attention
     # output (wo and w2 end in a reduction: hidden-wide)
@@ -229,7 +276,8 @@ def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.
     kept = r * h / sp_div + a * (q / tp + sum(output_width[name] for name in prof.selective_saves))
     stored = np.where(masks["full"], r * h / sp_div, np.where(one_at_a_time, kept, per_token_layer))
     stored_per_layer = stored * tokens
-    working_layer = np.where(one_at_a_time, per_token_layer * tokens, 0.0)
+    working_layer = (np.where(one_at_a_time, per_token_layer * tokens, 0.0)
+                     + np.where(masks["none"], 0.0, scores * tokens))
     head_inputs = (r + a) * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
 
     # micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the last;

@@ -98,7 +98,7 @@ class MemoryProfile:
     fsdp_gathered_bytes: float = 2.0  # bytes per parameter of that gathered copy (bf16 param_dtype)
     autocast_weight_bytes: float = 0.0  # torch.autocast's bf16 weight casts, saved for backward
     # --- pipeline ---
-    stage_split: str = "even"  # "even": ceil(L/pp) layers on stage 0; "cost": nanotron's balanced split
+    stage_split: str = "even"  # how layers go to pipeline stages: sweep.memory.split_stages
     # --- activations and logits ---
     flash_attention: bool = True  # no s^2 attention-score tensors
     residual_bytes: float = 2.0  # bytes per element of the residual stream the two norms save
@@ -158,19 +158,21 @@ MEGATRON: Final = MemoryProfile(
     name="megatron",
     description=(
         "Megatron-LM/Megatron-Core: bf16 params, fp32 main_grad buffer (also DDP's bucket), "
-        "distributed optimizer (ZeRO-1: fp32 master + Adam sharded over dp*cp); even PP split"),
+        "distributed optimizer (ZeRO-1: fp32 master + Adam sharded over dp*cp); even PP split, the "
+        "loss and the embedding counted as layers where the layers do not divide"),
     fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0, zero_shards_over_cp=True,
-    stage_split="even",
+    stage_split="megatron",
 )
 
 TORCHTITAN: Final = MemoryProfile(
     name="torchtitan",
     description=(
         "torchtitan FSDP2: fp32 sharded params are the master copy, fp32 grads (reduce_dtype fp32), "
-        "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2)"),
+        "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2); PP split "
+        "with the embedding and the output counted as a layer each"),
     weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
     optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
-    stage_split="even",
+    stage_split="embedding_blocks",
     # selective_ac_option "op" (torchtitan v0.2.0-v0.2.2, torchtitan/distributed/
     # activation_checkpoint.py `_apply_op_sac`: "Saves output of all compute ops, except every
     # second mm"), counted per layer in the order the Llama block calls them: wq, wk, wv, wo, w1,
@@ -216,6 +218,22 @@ LLMFOUNDRY: Final = replace(
     description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
     logits_bytes_per_element=4.0, selective_saves=(),
     grads_freed_each_step=False,  # Composer's FSDP(1) and its zero_grad: not read, so not assumed
+)
+
+# Not a framework the planner runs: the profile under which BLOOM-176B's topology sweep (2022,
+# Megatron-DeepSpeed with DeepSpeed ZeRO-1 on A100 80 GB, sweep.bloom_reference) is checked. The
+# module keeps bf16 (or fp16) weights and their gradients, unsharded; DeepSpeed's ZeRO-1 shards the
+# fp32 master copy and Adam's moments over DP and makes an fp32 gradient partition at the step.
+# Megatron's fused softmax (no flash attention) saves s x s tensors per head unless recomputed.
+# The CUDA context is the one the sweep's chronicle measured on an A100 ("1573MiB for cuda
+# kernels", bigscience train/tr11-176B-ml/chronicles-prequel.md).
+MEGATRON_DEEPSPEED: Final = replace(
+    MEGATRON, name="megatron-deepspeed",
+    description=("Megatron-DeepSpeed with DeepSpeed ZeRO-1 (BLOOM's 2022 sweep): bf16 params and "
+                 "grads, fp32 master + Adam sharded over dp, fp32 gradient partition at the step; "
+                 "fused softmax attention; DeepSpeed's even split of the layers"),
+    grad_bytes=2.0, fp32_grad_bytes=0.0, optimizer_step_temp_bytes=4.0, flash_attention=False,
+    stage_split="even", cuda_context_bytes=1573 * MiB,
 )
 
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(

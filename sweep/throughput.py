@@ -173,8 +173,8 @@ class Workload:
     # A device without a catalogue peak (CPU runs) uses a nominal one; the fitted `compute`
     # coefficient absorbs the scale, and MFU is not predicted.
     nominal_peak: float = 1e11
-    # How the framework splits layers over pipeline stages: "cost" (nanotron's balanced split,
-    # the LM head counted as layers) or "even" (sweep.memory_profiles names each framework's).
+    # How the framework splits layers over pipeline stages (`sweep.memory.split_stages`: "cost",
+    # nanotron's balanced split; "even"; "embedding_blocks"; "megatron"), the profile's.
     stage_split: str = "cost"
     # The memory-bound bytes of the framework's kernels (sweep.traffic): fused, or the built-in's.
     traffic: Traffic = FUSED
@@ -264,11 +264,9 @@ def _group(size: np.ndarray, stride: np.ndarray, work: Workload, scaling: float,
 
 def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
     """Decoder layers on each pipeline stage, as the framework splits them (`sweep.memory`)."""
-    from sweep.memory import stage_layer_counts
-    from sweep.memory_profiles import PROFILES
+    from sweep.memory import split_stages
 
-    profile = PROFILES["nanotron"] if split == "cost" else PROFILES["builtin"]
-    return np.asarray(stage_layer_counts(shape, pp, profile), dtype=float)
+    return np.asarray([layers for layers, _ in split_stages(shape, pp, split)], dtype=float)
 
 
 def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.ndarray,

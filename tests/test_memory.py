@@ -267,6 +267,19 @@ def test_torchtitan_selective_keeps_every_other_matmul_output_as_its_op_policy_d
         replace(PROFILES["torchtitan"], selective_saves=("w4",))
 
 
+def test_without_flash_attention_the_scores_are_saved_or_held_by_the_recomputed_layer():
+    """Megatron's fused softmax (no flash attention) saves the softmax and the dropout's output,
+    two s x s tensors per head (Korthikanti et al. 2022, Sec. 4.1), in every layer; recomputed, only
+    the layer (or, with Megatron's selective, the core attention) being recomputed holds them."""
+    shape, seq, mbs, tp = EIGHT_B, 4096, 2, 4
+    fused = replace(PROFILES["megatron"], flash_attention=False)
+    scores = 2 * 2 * shape.num_attention_heads * seq * seq * mbs / tp  # bf16, per layer
+    for recompute, layers_holding in (("none", shape.num_layers), ("selective", 1), ("full", 1)):
+        layout = Layout(dp=1, tp=tp, pp=1, mbs=mbs, recompute=recompute, sp=True)
+        extra = _act(layout, shape, fused, seq) - _act(layout, shape, "megatron", seq)
+        assert extra == pytest.approx(layers_holding * scores, rel=1e-9), recompute
+
+
 def test_sequence_parallelism_and_cp_shard_activations():
     plain = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=False))
     with_sp = _act(Layout(dp=1, tp=4, pp=1, mbs=2, sp=True))
@@ -346,9 +359,30 @@ def test_nanotron_balances_stages_by_cost_with_the_lm_head_as_a_block():
     assert min(stage_block_counts(EIGHT_B, 32, "nanotron")) >= 1
 
 
-def test_other_frameworks_split_layers_evenly():
+def test_megatron_splits_evenly_and_counts_the_loss_then_the_embedding_where_layers_do_not_divide():
+    """What templates/launch/megatron.args renders: no flag where L divides, then
+    --account-for-loss-in-pipeline-split, then also --account-for-embedding-in-pipeline-split."""
     assert stage_layer_counts(EIGHT_B, 4, "megatron") == (8, 8, 8, 8)
-    assert stage_layer_counts(ONE_B, 3, "torchtitan") == (6, 5, 5)
+    assert stage_layer_counts(EIGHT_B, 3, "megatron") == (11, 11, 10)  # 32 + loss = 33
+    # 16 layers over 6 stages: 16 + loss + embedding = 18, three a stage; the first and last hold
+    # the embedding and the loss in place of a layer
+    assert stage_layer_counts(ONE_B, 6, "megatron") == (2, 3, 3, 3, 3, 2)
+    assert stage_block_counts(ONE_B, 6, "megatron") == (3,) * 6
+
+
+def test_torchtitan_counts_the_embedding_and_the_output_as_a_layer_each():
+    """torchtitan 0.2's generate_llm_fqn_per_model_part (torchtitan/distributed/pipeline_parallel.py)
+    with its default pipeline_parallel_first/last_stage_less_layers = 1: L + 2 effective layers dealt
+    out evenly, the first stages taking the remainder; the first stage's share includes the
+    embedding, the last stage's the norm and output."""
+    assert stage_layer_counts(ONE_B, 3, "torchtitan") == (5, 6, 5)  # 18 effective: 6, 6, 6
+    assert stage_layer_counts(ONE_B, 4, "torchtitan") == (4, 5, 4, 3)  # 18: 5, 5, 4, 4
+    assert stage_block_counts(ONE_B, 18, "torchtitan") == (1,) * 18  # the embedding alone on stage 0
+    assert stage_layer_counts(ONE_B, 18, "torchtitan")[0] == 0
+
+
+def test_the_builtin_workload_splits_layers_evenly():
+    assert stage_layer_counts(ONE_B, 3, "builtin") == (6, 5, 5)
 
 
 # ------------------------------------------------------------------ GELU MLPs

@@ -8,7 +8,8 @@ both from the environment). For each run it calls, as pretrain_gpt.py does befor
 model: megatron.training.arguments.parse_args (sys.argv set, ignore_unknown_args=False), then
 validate_args, then core_transformer_config_from_args (TransformerConfig.__post_init__ checks
 the layout against the model). It prints one JSON list of {"id", "ok", "error", "resolved"} on
-stdout, `resolved` being what Megatron made of the arguments (parallel sizes, recompute, dtype).
+stdout, `resolved` being what Megatron made of the arguments (parallel sizes, recompute, dtype),
+and `layers_per_stage` the decoder layers it builds on each pipeline rank.
 
 This machine has no GPU, no Transformer Engine and no triton, so four things are stood in,
 each only as far as the checks need (and parse_args gets a copy of a parser built once, for
@@ -151,8 +152,9 @@ def check(run: dict[str, Any], checks: Any) -> dict[str, Any]:
         with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
             args = parse_args(None, ignore_unknown_args=False)
             validate_args(args, {})
-            config_from_args(args)
+            config = config_from_args(args)
             seen = resolved(args)
+            layers = layers_per_stage(config, args)
     except SystemExit as error:  # argparse: an unknown or malformed argument
         lines = [line for line in output.getvalue().splitlines() if "error" in line]
         return {"id": run["id"], "ok": False,
@@ -163,7 +165,19 @@ def check(run: dict[str, Any], checks: Any) -> dict[str, Any]:
         os.environ.clear()
         os.environ.update(saved_env)
         sys.argv = saved_argv
-    return {"id": run["id"], "ok": True, "error": None, "resolved": seen}
+    return {"id": run["id"], "ok": True, "error": None, "resolved": seen,
+            "layers_per_stage": layers}
+
+
+def layers_per_stage(config: Any, args: Any) -> list[int] | None:
+    """The decoder layers Megatron builds on each pipeline rank (get_num_layers_to_build, which
+    applies --account-for-embedding/loss-in-pipeline-split); None with virtual stages."""
+    if args.virtual_pipeline_model_parallel_size:
+        return None
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    return [get_num_layers_to_build(config, pp_rank=rank)
+            for rank in range(args.pipeline_model_parallel_size)]
 
 
 def main(path: str) -> int:

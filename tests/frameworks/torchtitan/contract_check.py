@@ -1,7 +1,9 @@
 """Run inside a subprocess with PYTHONPATH=.contract/torchtitan-<version>: read rendered runs with
 torchtitan's own code and report, per run, what it parsed and what it rejects (JSON on stdout).
 
-Usage: python contract_check.py CASES.json  (a list of {"id", "toml", "world_size"}).
+Usage: python contract_check.py CASES.json  (a list of {"id", "toml", "world_size"}), or
+       python contract_check.py --stage-layers PAIRS.json  (a list of [stages, layers]: prints the
+       layers torchtitan's split puts on each stage).
 
 What runs on CPU torch 2.13 (torchtitan's own code): torchtitan.config (ConfigManager with tyro,
 JobConfig) and torchtitan.distributed.parallel_dims (ParallelDims and its validation). What does
@@ -162,9 +164,25 @@ def check(case: dict[str, Any], tools: dict[str, Any], scratch: Path) -> dict[st
     }
 
 
+def stage_layers(pairs: list[list[int]], split: Any) -> list[list[int]]:
+    """Per (stages, layers): the layers torchtitan's split puts on each stage, with the first and
+    last stages' `less_layers` at their JobConfig defaults."""
+    from torchtitan.config.job_config import Parallelism
+
+    defaults = Parallelism()
+    first, last = (defaults.pipeline_parallel_first_stage_less_layers,
+                   defaults.pipeline_parallel_last_stage_less_layers)
+    return [[sum(m.startswith("layers.") for m in part) for part in split(stages, layers, first, last)]
+            for stages, layers in pairs]
+
+
 def main() -> int:
-    cases = json.loads(Path(sys.argv[1]).read_text())
     root = enter_package()
+    if sys.argv[1] == "--stage-layers":  # PAIRS.json: a list of [stages, layers]
+        pairs = json.loads(Path(sys.argv[2]).read_text())
+        print(json.dumps(stage_layers(pairs, fqn_splitter(root))))
+        return 0
+    cases = json.loads(Path(sys.argv[1]).read_text())
     tools = {"converters": registered_converters(root), "flavors": llama3_flavors(root),
              "split": fqn_splitter(root)}
     with tempfile.TemporaryDirectory() as scratch:

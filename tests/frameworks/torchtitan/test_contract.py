@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from sweep import render, space
+from sweep.catalog import get_model
 from sweep.frameworks.torchtitan.flavors import LLAMA3_FLAVORS
+from sweep.memory import stage_layer_counts
 from sweep.spec import parse_spec
 
 pytestmark = pytest.mark.contract
@@ -150,6 +152,28 @@ def test_our_flavor_table_is_torchtitans(release: str, tmp_path: Path) -> None:
             ours.multiple_of, ours.vocab_size)
         assert theirs["rope_theta"] == 500000
         assert theirs.get("attn_type", "sdpa") == "sdpa" and not theirs.get("use_flex_attn")
+
+
+@pytest.mark.parametrize("release", sorted(VERSIONS))
+def test_the_memory_model_puts_on_each_stage_the_layers_torchtitan_puts_there(
+        release: str, tmp_path: Path) -> None:
+    """sweep.memory's "embedding_blocks" split against torchtitan's generate_llm_fqn_per_model_part
+    with its default first/last-stage weights, for every stage count a 16- and a 32-layer model
+    can take (up to L + 2) and some others."""
+    target = REPO / ".contract" / f"torchtitan-{release}"
+    if not (target / ".installed").is_file():
+        pytest.skip(f"{target} missing: run scripts/contract/torchtitan.sh")
+    shapes = {16: get_model("llama-3.2-1b"), 32: get_model("llama-3.1-8b"), 28: get_model("llama-3.2-3b")}
+    pairs = [[stages, layers] for layers in shapes for stages in range(2, layers + 3)]
+    listing = tmp_path / "pairs.json"
+    listing.write_text(json.dumps(pairs))
+    done = subprocess.run([sys.executable, str(CHECK), "--stage-layers", str(listing)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(target)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    for (stages, layers), built in zip(pairs, theirs, strict=True):
+        assert tuple(built) == stage_layer_counts(shapes[layers], stages, "torchtitan"), (stages, layers)
 
 
 def test_pruned_runs_are_ones_torchtitan_rejects(tmp_path: Path) -> None:
