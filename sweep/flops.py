@@ -106,11 +106,11 @@ def hardware_flops_per_token(shape: ModelShape, seq_len: int, recompute: str,
     - ``selective`` (Megatron-LM's ``--recompute-granularity selective``, Korthikanti et al. 2022):
       one more forward of the core attention only, QK^T and attention·V (a third of
       `core_attention_flops_per_token`); softmax and dropout are elementwise, not counted. The
-      HFU column of Korthikanti et al. (eq. 8, s/3h in place of s/6h) adds three such forwards
-      instead; tests/test_flops_reference.py shows it.
+      HFU column of Korthikanti et al. 2022 adds three such forwards instead (its formula has s/3h
+      where the model FLOPs have s/6h); tests/test_flops_reference.py shows it.
 
-    Recomputation inside a kernel (FlashAttention's backward recomputes QK^T) is not counted: no
-    published figure counts it. Each convention counts the repeated work its own way (``megatron``
+    Recomputation inside a kernel (FlashAttention's backward recomputes QK^T) is not counted; none
+    of the published figures above counts it. Each convention counts the repeated work its own way (``megatron``
     the causal half of attention, ``6N`` no attention), so HFU/MFU stays within one convention.
     """
     if recompute not in RECOMPUTE_MODES:
