@@ -16,8 +16,8 @@ Model FLOPs (MFU) are what the model needs, whatever the implementation. Hardwar
 what activation recomputation executes again; see `hardware_flops_per_token`.
 
 A shape may carry ``mlp = "gelu"`` (GPT, BLOOM, MPT: two MLP matrices, not SwiGLU's three;
-`sweep.fit_reference.GeluShape`); ModelShape has no such field, so `count_parameters` counts three
-and the surplus matrix is taken off here, as `sweep.memory` does.
+`sweep.model.mlp_kind`); `count_parameters` counts three, so the surplus matrix is taken off here,
+as `sweep.memory` does.
 
 Pure: no I/O.
 """
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Final
 
 from sweep.layout import RECOMPUTE_MODES
-from sweep.model import ModelShape, count_parameters
+from sweep.model import ModelShape, count_parameters, mlp_kind
 
 CONVENTIONS: Final = ("megatron", "full_attention", "6N")
 DEFAULT_CONVENTION: Final = "full_attention"
@@ -35,13 +35,8 @@ DEFAULT_CONVENTION: Final = "full_attention"
 
 def _surplus_mlp_params(shape: ModelShape) -> int:
     """Parameters `count_parameters` counts that a two-matrix GELU MLP lacks (0 for SwiGLU)."""
-    kind = getattr(shape, "mlp", "swiglu")
-    if kind == "swiglu":
+    if mlp_kind(shape) == "swiglu":
         return 0
-    if kind != "gelu":
-        raise ValueError(f"model {shape.name!r}: mlp must be 'swiglu' or 'gelu', got {kind!r}")
-    if shape.is_moe:
-        raise ValueError(f"model {shape.name!r}: a GELU MLP with experts is not modelled")
     return shape.num_layers * shape.hidden_size * shape.ffn_hidden_size
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.memory_profiles import PROFILES, MemoryProfile, get_profile
-from sweep.model import ModelShape, count_parameters
+from sweep.model import ModelShape, count_parameters, mlp_kind
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
            "split_stages", "stage_layer_counts", "stage_block_counts", "STAGE_SPLITS"]
@@ -191,20 +191,6 @@ def _is(column: np.ndarray, value: str) -> np.ndarray:
 
 # ---------------------------------------------------------------- the model
 
-def _mlp_kind(model: ModelShape) -> str:
-    """"swiglu" (the catalog's Llama-style shapes) or "gelu" (GPT/MPT: two matrices, no gate).
-
-    ModelShape has no such field yet; a shape that carries `mlp = "gelu"` (the published GPT and MPT
-    configurations in the tests) is costed with two MLP matrices and two saved FFN-wide activations.
-    """
-    kind = getattr(model, "mlp", "swiglu")
-    if kind not in ("swiglu", "gelu"):
-        raise ValueError(f"model {model.name!r}: mlp must be 'swiglu' or 'gelu', got {kind!r}")
-    if kind == "gelu" and model.is_moe:
-        raise ValueError(f"model {model.name!r}: a GELU MLP with experts is not modelled")
-    return kind
-
-
 def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
     missing = [c for c in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule") if c not in columns]
@@ -309,7 +295,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
 
     pc = count_parameters(model)
     h, vocab = float(model.hidden_size), float(model.vocab_size)
-    gelu = _mlp_kind(model) == "gelu"
+    gelu = mlp_kind(model) == "gelu"
     expert_per_layer = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
     dense_per_layer = float(pc.per_layer) - expert_per_layer
     if gelu:  # two matrices, not SwiGLU's three

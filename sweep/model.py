@@ -94,6 +94,19 @@ class ParamCount:
         return head + self.active - self.embedding - self.lm_head
 
 
+def mlp_kind(shape: ModelShape) -> str:
+    """"swiglu" (the catalog's Llama-style shapes) or "gelu" (GPT, BLOOM, MPT: two matrices, no
+    gate). ModelShape has no such field yet: a shape that carries `mlp = "gelu"`
+    (`sweep.fit_reference.GeluShape`) is one; `count_parameters` counts three matrices either way,
+    so the memory model and the FLOPs count take the third off for it."""
+    kind = getattr(shape, "mlp", "swiglu")
+    if kind not in ("swiglu", "gelu"):
+        raise ValueError(f"model {shape.name!r}: mlp must be 'swiglu' or 'gelu', got {kind!r}")
+    if kind == "gelu" and shape.is_moe:
+        raise ValueError(f"model {shape.name!r}: a GELU MLP with experts is not modelled")
+    return kind
+
+
 def count_parameters(shape: ModelShape) -> ParamCount:
     h = shape.hidden_size
     attention = h * shape.q_dim + 2 * h * shape.kv_dim + shape.q_dim * h
