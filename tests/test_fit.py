@@ -227,6 +227,10 @@ def test_cli_cv_prints_in_sample_beside_cross_validated(
         assert list(fracs) == ["in-sample", "without playbook-1b", "without playbook-8b",
                                "this table alone"]
         assert fracs["in-sample"] == fracs["without playbook-1b"] == fracs["without playbook-8b"] == 1.0
+    # BLOOM's sweep (sweep.bloom_reference) under each column's constants: every run that ran fits
+    bloom = data["bloom"]
+    assert list(bloom) == list(published[fit_reference.LLMFOUNDRY_FILE])
+    assert all(check["success_kept_frac"] == 1.0 for check in bloom.values())
 
 
 def test_cli_cv_text_and_a_file_with_one_model(

@@ -23,8 +23,9 @@ import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Final
 
-from sweep import fit, fit_reference, memcheck
+from sweep import bloom_reference, fit, fit_reference, memcheck
 from sweep.cli import UserError
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
@@ -89,6 +90,9 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
                "this table alone": alone}
     published_fit = {name: {column: fit_reference.published_fit_frac(b, a) for column, a in columns.items()}
                      for name, b in published.items()}
+    bloom_file = refdata_dir() / bloom_reference.FILE
+    bloom = ({column: bloom_reference.check(bloom_file, a) for column, a in columns.items()}
+             if bloom_file.is_file() else {})
     targets = {name: {"target": f"{op} {bound}",
                       "met": fit.meets(getattr(cv.cross_validated, name), op, bound)}
                for name, (op, bound) in fit.TARGETS.items()}
@@ -96,7 +100,8 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
         print(json.dumps({"cv": "model", "objective": fit.OBJECTIVE, **cv.to_dict(),
                           "targets": targets, "allocator_this_table_alone": asdict(alone),
                           "gates_met_this_table_alone": alone_fit.gates_met,
-                          "published_fit_frac": published_fit}))
+                          "published_fit_frac": published_fit,
+                          "bloom": {column: c.to_dict() for column, c in bloom.items()}}))
         return 0
     constraint = "" if must_fit is not None else (
         f" (without the published llm-foundry constraint: no {fit_reference.LLMFOUNDRY_FILE} in "
@@ -125,10 +130,34 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
         print(f"  {'':<38}" + "".join(f"{column:>22}" for column in columns))
         for name, fracs in published_fit.items():
             print(f"  {name:<38}" + "".join(f"{fracs[column]:>22.4f}" for column in columns))
+    if bloom:
+        _bloom_table(bloom)
     if not alone_fit.gates_met:
         print(f"note: no grid point met the fit's gates on this table alone; the closest point "
               f"was taken ({_allocator(alone)})")
     return 0
+
+
+BLOOM_ROWS: Final = (
+    ("successes predicted to fit", "success_kept_frac"),
+    ("OOMs predicted over the GPU", "oom_over_frac"),
+    ("OOMs over, or the band's high end over", "oom_flagged_frac"),
+    ("peak vs predicted total, median |error|", "total_median_abs_rel_err"),
+    ("peak vs predicted total, p90 |error|", "total_p90_abs_rel_err"),
+    ("peak vs predicted total, signed median", "total_median_rel_err"),
+    ("measured peaks inside the band", "within_band_frac"),
+)
+
+
+def _bloom_table(bloom: dict[str, bloom_reference.BloomCheck]) -> None:
+    """BLOOM-176B's topology sweep (sweep.bloom_reference) under each column's constants."""
+    first = next(iter(bloom.values()))
+    print(f"BLOOM-176B's topology sweep ({bloom_reference.FILE}: Megatron-DeepSpeed, A100 80 GB; "
+          f"{first.n_success} successes, {first.n_measured} with a measured peak, {first.n_oom} "
+          f"OOMs, {first.n_skipped} rows skipped), never fitted on")
+    print(f"  {'':<42}" + "".join(f"{column:>22}" for column in bloom))
+    for label, name in BLOOM_ROWS:
+        print(f"  {label:<42}" + "".join(f"{_cell(getattr(c, name)):>22}" for c in bloom.values()))
 
 
 def _allocator(a: fit.Allocator | None) -> str:
