@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sweep.budget import Fit, Spend, committed_gpu_hours, fit_budget
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.progress import read_tail
 from sweep.render import RUNS_DIR
 from sweep.shims.hostlist import expand as expand_hosts

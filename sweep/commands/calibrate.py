@@ -28,7 +28,7 @@ from sweep.calibrate import (
     without_fit_exclusions,
     workloads_for,
 )
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, file_sha256

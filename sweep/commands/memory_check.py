@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sweep import fit, fit_reference, memcheck
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
 

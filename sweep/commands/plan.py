@@ -29,7 +29,6 @@ from rich.table import Table
 
 from sweep import memory, self_calibration, space
 from sweep.calibrate import describe_default_prior, with_predictions
-from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
     completed_groups,
@@ -38,6 +37,7 @@ from sweep.commands.calibrate import (
     self_calibration_payload,
     sweep_coefficients,
 )
+from sweep.errors import UserError
 from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, atomic_write_with

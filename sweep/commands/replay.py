@@ -27,11 +27,11 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.calibrate import model_names_for, workloads_for
-from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, read_runs
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, search
+from sweep.errors import UserError
 from sweep.replay_tables import Replay, normalise_runs, replay_table
 from sweep.search_report import score
 from sweep.spec import load_spec
