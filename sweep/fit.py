@@ -45,9 +45,10 @@ import numpy as np
 import pandas as pd
 
 from sweep import memcheck, memory, space
-from sweep.memory_profiles import MemoryProfile, MiB, get_profile
+from sweep.memory_profiles import MemoryProfile, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
+from sweep.units import MiB
 
 MIN_SUCCESS_KEPT: Final = 0.99
 MIN_OOM_PRUNED: Final = 0.90

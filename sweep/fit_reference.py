@@ -27,10 +27,11 @@ from sweep.fit import (
     kept_mask,
     stage_terms,
 )
-from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, MiB, get_profile
+from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
 from sweep.state import file_sha256
+from sweep.units import MiB
 
 # Published configurations that ran: they must fit ----------------------------------------------
 #

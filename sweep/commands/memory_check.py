@@ -28,6 +28,7 @@ from sweep import fit, fit_reference, memcheck
 from sweep.errors import UserError
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
+from sweep.units import MiB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +136,7 @@ def _allocator(a: fit.Allocator | None) -> str:
     if a is None:
         return "none"
     return (f"sequential {a.sequential:g}, pipelined {a.pipelined:g}, logits {a.logits:g}, "
-            f"floor {a.floor_bytes / 2**20:g} MiB")
+            f"floor {a.floor_bytes / MiB:g} MiB")
 
 
 def _table(title: str, in_sample: memcheck.MemoryCheck, held_out: memcheck.MemoryCheck,
