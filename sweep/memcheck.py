@@ -121,7 +121,7 @@ class MemoryCheck:
 
 # Reading ----------------------------------------------------------------------------------------
 
-def read_runs(path: str | Path, spec: Spec) -> Runs:
+def read_memory_runs(path: str | Path, spec: Spec) -> Runs:
     """Read a runs CSV of the playbook's formats, or a sweep's runs.parquet, and map its rows to
     the spec's models."""
     path = Path(path)
@@ -488,5 +488,5 @@ def _mean(values: pd.Series) -> float | None:
 
 def check(path: str | Path, spec: Spec) -> MemoryCheck:
     """Read a runs file and score the spec's memory model and rules on it."""
-    return score(read_runs(path, spec), spec)
+    return score(read_memory_runs(path, spec), spec)
 

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
-        runs = memcheck.read_runs(args.runs, spec)
+        runs = memcheck.read_memory_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
     if args.cv == "model":
