@@ -14,6 +14,7 @@ from typing import Final
 import pandas as pd
 
 from analysis.checks import check_failures, run_name
+from sweep.units import GiB
 
 METRICS: Final = ("mfu", "tokens_per_sec_per_gpu")
 CONVENTIONS: Final = ("reported", "megatron", "full_attention", "6N")
@@ -22,7 +23,6 @@ DEFAULT_METRIC: Final = "mfu"
 # full_attention; for imported playbook runs it is the published figure, so the published heatmap
 # is reproduced by default and the flags say where a consistent basis would pick differently.
 DEFAULT_CONVENTION: Final = "reported"
-GIB: Final = 2**30
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "recompute")
 BEST_CSV_COLUMNS: Final = ("model", "nodes", *LAYOUT_COLUMNS, "mfu_pct", "tokens_per_sec_per_gpu",
                            "gpu_memory_GB")
@@ -153,7 +153,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
                                                  "mem_source", "flops_per_token_reported")})
                 row["mfu"] = win[shown_mfu]
                 row["mfu_pct"] = 100.0 * win[shown_mfu] if pd.notna(win[shown_mfu]) else None
-                row["gpu_memory_GB"] = (win["mem_reserved_bytes"] / GIB
+                row["gpu_memory_GB"] = (win["mem_reserved_bytes"] / GiB
                                         if pd.notna(win["mem_reserved_bytes"]) else None)
                 row["empty_reason"] = ""
             elif cell.empty and (model, node_count) in planned:

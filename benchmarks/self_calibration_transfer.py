@@ -132,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     data = refdata_dir()
     spec = load_spec(REPO / "examples" / "playbook.yaml")
-    runs = memcheck.read_runs(data / TABLE, spec)
+    runs = memcheck.read_memory_runs(data / TABLE, spec)
     whole = fit.basis(runs, spec)
     must_fit = fit_reference.llmfoundry_basis(data / "llmfoundry_mpt_benchmarks.csv")
     records = []

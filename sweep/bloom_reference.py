@@ -27,7 +27,7 @@ What the table leaves unsaid is read from the chronicle's text beside each table
   stage (reserved peak, CUDA context and NCCL buffers); the peak was read on the first node (the
   02-17 runs: "max memory used by the first (last) nodes").
 
-Pure apart from `read_runs`, which reads the CSV.
+Pure apart from `read_sweep`, which reads the CSV.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from sweep.catalog import get_gpu
 from sweep.fit import Allocator
 from sweep.fit_reference import gpt_shape
 from sweep.memory import estimate_columns
-from sweep.memory_profiles import MEGATRON_DEEPSPEED, MemoryProfile, MiB, reserved_interval
+from sweep.memory_profiles import MEGATRON_DEEPSPEED, MemoryProfile, reserved_interval
+from sweep.units import MiB
 
 FILE: Final = "bloom_tr11_176b_topology_sweep.csv"
 GPU: Final = "a100-80gb"
@@ -111,7 +112,7 @@ def _measured_bytes(mem: object) -> float:
     return float(match.group(1)) * MEASURED_GB if match else np.nan
 
 
-def read_runs(path: str | Path) -> BloomRuns:
+def read_sweep(path: str | Path) -> BloomRuns:
     """The table's runs with a shape, a layout and an outcome; the others are counted by reason."""
     raw = pd.read_csv(path)
     rows: list[dict[str, Any]] = []
@@ -226,5 +227,5 @@ def score(judged: pd.DataFrame, n_skipped: int = 0) -> BloomCheck:
 
 def check(path: str | Path, allocator: Allocator | None = None) -> BloomCheck:
     """Read, judge and score the sweep's table."""
-    runs = read_runs(path)
+    runs = read_sweep(path)
     return score(judge(runs, allocator), sum(runs.skipped.values()))

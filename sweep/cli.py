@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from sweep import __version__
+from sweep.errors import UserError  # defined in sweep.errors; still importable from here
 
 COMMANDS: dict[str, str] = {
     "plan": "enumerate and prune the configurations of a spec; write plan.parquet",
@@ -42,10 +43,6 @@ EPILOG = """a sweep, from a spec to a report:
   sweep collect results/NAME --sacct && sweep report results/NAME
 
 `sweep COMMAND --help` explains each command."""
-
-
-class UserError(Exception):
-    """An error caused by input; printed without a traceback, exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,11 +28,10 @@ from sweep.rows import config_columns, dense_peak, env_job_id, mfu_columns, prov
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
 from sweep.slurm_states import node_failures_in_srun_output
-from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
+from sweep.state import ENV_FILE, METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
 from sweep.verdict import SRUN_BLAME_SETTLED, srun_blame_lines
 
 RUNS_FILE = "runs.parquet"
-ENV_FILE = "env.json"
 METRICS_FORMAT = "metrics.jsonl@1"
 
 

@@ -25,7 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-_UNITS: Final = {"B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+from sweep.units import GiB, KiB, MiB, TiB
+
+_UNITS: Final = {"B": 1, "bytes": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB}
 _SIZE: Final = r"([0-9]+(?:\.[0-9]+)?) (B|bytes|KiB|MiB|GiB|TiB)"
 _REQUESTED: Final = re.compile(rf"Tried to allocate {_SIZE}")
 _IN_USE: Final = re.compile(rf"this process has {_SIZE} memory in use")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from submitit.helpers import Checkpointable
 
+from sweep.errors import UserError
 from sweep.state import atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -96,7 +97,6 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.backends import Rounds
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
-    from sweep.cli import UserError
     from sweep.commands.calibrate import sweep_coefficients
     from sweep.commands.plan import PLAN_FILE, SPEC_COPY
     from sweep.economy import Params
@@ -403,8 +403,6 @@ def start_driver(tracker: Tracker, settings: DriverSettings, options: SearchOpti
     """Submit a driver for the sweep unless its recorded driver is still live (then UserError
     naming it). Takes the sweep's submit lock, so two `sweep submit`/`sweep resume` racing on
     one sweep, even from two login nodes over a shared file system, start one driver."""
-    from sweep.cli import UserError
-
     with tracker.lock():
         recorded = str(read_record(tracker.dir).get("job_id") or "")
         state = driver_state(recorded, *driver_slurm_states(tracker.slurm, recorded)) \

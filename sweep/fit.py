@@ -45,9 +45,10 @@ import numpy as np
 import pandas as pd
 
 from sweep import memcheck, memory, space
-from sweep.memory_profiles import MemoryProfile, MiB, get_profile
+from sweep.memory_profiles import MemoryProfile, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
+from sweep.units import MiB
 
 MIN_SUCCESS_KEPT: Final = 0.99
 MIN_OOM_PRUNED: Final = 0.90
@@ -215,7 +216,7 @@ def stage_terms(model: ModelShape, columns: dict[str, np.ndarray], profile: Memo
 
 
 def basis(runs: memcheck.Runs, spec: Spec) -> Basis:
-    """The basis of a runs table (`sweep.memcheck.read_runs`), judged under the spec."""
+    """The basis of a runs table (`sweep.memcheck.read_memory_runs`), judged under the spec."""
     frame = runs.frame
     n = len(frame)
     rules_ok, estimated = np.zeros(n, bool), np.zeros(n, bool)
@@ -357,7 +358,7 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
 
 def fit_allocator(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
                   must_fit: Basis | None = None) -> AllocatorFit:
-    """Fit the four allocator constants to a runs table (`sweep.memcheck.read_runs`)."""
+    """Fit the four allocator constants to a runs table (`sweep.memcheck.read_memory_runs`)."""
     return fit_basis(basis(runs, spec), grid, must_fit)
 
 

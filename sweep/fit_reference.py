@@ -27,10 +27,11 @@ from sweep.fit import (
     kept_mask,
     stage_terms,
 )
-from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, MiB, get_profile
+from sweep.memory_profiles import LLMFOUNDRY, MemoryProfile, get_profile
 from sweep.model import ModelShape
 from sweep.spec import Spec
 from sweep.state import file_sha256
+from sweep.units import MiB
 
 # Published configurations that ran: they must fit ----------------------------------------------
 #
@@ -196,7 +197,7 @@ def fit_reference(refdata: str | Path, spec: Spec) -> ReferenceFit:
     """Fit on the reference data's playbook table under the playbook spec; cross-validate by
     model to measure the band that `sweep.memory_profiles.reserved_interval` reports."""
     refdata = Path(refdata)
-    runs = memcheck.read_runs(refdata / RUNS_FILE, spec)
+    runs = memcheck.read_memory_runs(refdata / RUNS_FILE, spec)
     must_fit = llmfoundry_basis(refdata / LLMFOUNDRY_FILE)
     whole = basis(runs, spec)
     result = fit_basis(whole, GRID, must_fit)

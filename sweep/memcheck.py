@@ -47,8 +47,8 @@ from sweep import catalog, memory, space
 from sweep.memory_profiles import MemoryProfile
 from sweep.model import ModelShape, count_parameters
 from sweep.spec import Spec
+from sweep.units import GiB
 
-GIB: Final = 2**30
 CHARTS_COLUMNS: Final = ("model_label", "nodes", "dp", "tp", "pp", "mbs", "grad_acc",
                          "zero_stage", "status", "gpu_memory_GB", "tokens_per_sec_per_gpu")
 FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", "zero_stage",
@@ -121,7 +121,7 @@ class MemoryCheck:
 
 # Reading ----------------------------------------------------------------------------------------
 
-def read_runs(path: str | Path, spec: Spec) -> Runs:
+def read_memory_runs(path: str | Path, spec: Spec) -> Runs:
     """Read a runs CSV of the playbook's formats, or a sweep's runs.parquet, and map its rows to
     the spec's models."""
     path = Path(path)
@@ -161,7 +161,7 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
                 {label: _model_for_label(label, spec) for label in raw["model_label"].unique()}),
             "outcome": raw["status"].str.lower().map({"success": "success", "failed": "failed"}),
             "grad_acc": raw["grad_acc"], "sp": max(spec.axes.sp),
-            "alloc_bytes": np.nan, "reserved_bytes": raw["gpu_memory_GB"] * GIB,
+            "alloc_bytes": np.nan, "reserved_bytes": raw["gpu_memory_GB"] * GiB,
             "tokens_per_sec_per_gpu": raw["tokens_per_sec_per_gpu"]})
     else:
         frame = pd.DataFrame({
@@ -169,7 +169,7 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
             "outcome": raw["status"].map({"Success": "success", "OOM": "oom", "Other": "other"}),
             "grad_acc": raw["batch_accum"],
             "sp": (raw["tp_mode"] != "ALL_REDUCE") if "tp_mode" in raw else max(spec.axes.sp),
-            "alloc_bytes": raw["Mem Alloc (GB)"] * GIB, "reserved_bytes": raw["Mem Res (GB)"] * GIB,
+            "alloc_bytes": raw["Mem Alloc (GB)"] * GiB, "reserved_bytes": raw["Mem Res (GB)"] * GiB,
             "tokens_per_sec_per_gpu": raw["tok/s/gpu"]})
     for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage"):
         frame[column] = raw[column]
@@ -488,5 +488,5 @@ def _mean(values: pd.Series) -> float | None:
 
 def check(path: str | Path, spec: Spec) -> MemoryCheck:
     """Read a runs file and score the spec's memory model and rules on it."""
-    return score(read_runs(path, spec), spec)
+    return score(read_memory_runs(path, spec), spec)
 

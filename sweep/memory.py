@@ -38,6 +38,7 @@ import numpy as np
 from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.memory_profiles import PROFILES, MemoryProfile, get_profile
 from sweep.model import ModelShape, count_parameters, mlp_kind
+from sweep.units import GiB
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
            "split_stages", "stage_layer_counts", "stage_block_counts", "STAGE_SPLITS"]
@@ -61,17 +62,16 @@ class MemoryEstimate:
 
     def explain(self) -> str:
         """A fixed-width table of the breakdown (for `sweep plan --explain`)."""
-        gib = float(1 << 30)
         lines = [f"{'component':<16}{'GiB':>10}{'share':>8}", "-" * 34]
         for name in COMPONENTS:
             value = self.components[name]
             share = value / self.total_bytes if self.total_bytes else 0.0
-            lines.append(f"{name:<16}{value / gib:>10.2f}{share:>7.1%}")
+            lines.append(f"{name:<16}{value / GiB:>10.2f}{share:>7.1%}")
         lines.append("-" * 34)
-        lines.append(f"{'allocated':<16}{self.allocated_bytes / gib:>10.2f}   live tensors at the peak")
-        lines.append(f"{'reserved':<16}{self.reserved_bytes / gib:>10.2f}   + allocator fragmentation")
-        lines.append(f"{'total':<16}{self.total_bytes / gib:>10.2f}   + CUDA context and NCCL")
-        lines.append(f"{'step peak':<16}{self.step_allocated_bytes / gib:>10.2f}   "
+        lines.append(f"{'allocated':<16}{self.allocated_bytes / GiB:>10.2f}   live tensors at the peak")
+        lines.append(f"{'reserved':<16}{self.reserved_bytes / GiB:>10.2f}   + allocator fragmentation")
+        lines.append(f"{'total':<16}{self.total_bytes / GiB:>10.2f}   + CUDA context and NCCL")
+        lines.append(f"{'step peak':<16}{self.step_allocated_bytes / GiB:>10.2f}   "
                      "live tensors during the optimizer step")
         lines.append(f"rank described: {self.stage} pipeline stage")
         return "\n".join(lines)

@@ -24,9 +24,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sweep import fitted_constants
-
-MiB: Final = 1 << 20
-GiB: Final = 1 << 30
+from sweep.units import MiB
 
 # The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it:
 # - activations of a micro-batch that is alone in flight: each micro-batch allocates and frees the same

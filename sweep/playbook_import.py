@@ -24,7 +24,8 @@ from sweep.layout import Layout
 from sweep.replay_tables import measured_inter_node
 from sweep.rows import config_columns, dense_peak, mfu_columns
 from sweep.runconfig import RunConfig
-from sweep.schema import GIB, SCHEMA_VERSION
+from sweep.schema import SCHEMA_VERSION
+from sweep.units import GiB
 
 SWEEP: Final = "ultrascale-playbook"
 GPU: Final = "h100-sxm"
@@ -155,7 +156,7 @@ def _runs_row(record: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
     _throughput(row, model, _num(record["tokens_per_sec_per_gpu"]), _num(record["mfu_pct"]),
                 _num(record["tokens_per_sec"]))
     memory = _num(record["gpu_memory_GB"])
-    row["mem_reserved_bytes"] = memory * GIB if memory is not None else None
+    row["mem_reserved_bytes"] = memory * GiB if memory is not None else None
     row["mem_source"] = "cuda:rank0" if memory is not None else None
     return row
 
@@ -185,6 +186,6 @@ def _bench_row(record: dict[str, Any], path: Path, line: int) -> dict[str, Any]:
     _throughput(row, model, _num(record["tok/s/gpu"]), _num(record["mfu"]), None)
     for column, key in (("mem_allocated_bytes", "Mem Alloc (GB)"), ("mem_reserved_bytes", "Mem Res (GB)")):
         value = _num(record[key])
-        row[column] = value * GIB if value is not None else None
+        row[column] = value * GiB if value is not None else None
     row["mem_source"] = "cuda:rank0" if row["mem_reserved_bytes"] is not None else None
     return row

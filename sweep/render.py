@@ -26,7 +26,7 @@ from typing import Any
 import jinja2
 
 from sweep import space
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.frameworks import get_adapter
 from sweep.resources import job_cpus, job_memory
 from sweep.runconfig import RunConfig

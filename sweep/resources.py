@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-MiB: Final = 1 << 20
-GiB: Final = 1 << 30
+from sweep.units import GiB, MiB
+
 CPU_RANK_BASELINE_BYTES: Final = 768 * MiB  # python + torch + gloo, measured ~600 MiB RSS
 NODE_BASELINE_BYTES: Final = 512 * MiB  # the watchdog, the launcher, bash and srun
 CPU_MARGIN: Final = 1.5  # the memory model's device total is not all of a CPU rank's RSS

@@ -13,12 +13,13 @@ from typing import Any, Final
 
 import pyarrow as pa
 
+from sweep.units import GiB as GIB  # noqa: F401 - re-exported: callers import sweep.schema.GIB
+
 SCHEMA_VERSION: Final = 1
 
 OUTCOMES: Final = ("completed", "oom", "hang", "timeout", "crashed", "node_fail", "cancelled",
                    "preempted", "failed", "unknown")
 CONVENTIONS: Final = ("megatron", "full_attention", "6N")  # sweep.flops.CONVENTIONS, as columns
-GIB: Final = 2**30
 
 _ARROW: Final = {
     "string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_(),

@@ -64,6 +64,7 @@ from sweep import memory, space
 from sweep.memcheck import fitted_by_flushing
 from sweep.spec import Spec
 from sweep.state import file_sha256
+from sweep.units import GiB
 
 CALIBRATION_FILE: Final = "calibration.json"
 OUTCOMES: Final = ("completed", "oom")
@@ -371,7 +372,7 @@ def describe(calibration: Calibration, changed: dict[str, int]) -> list[str]:
         lines.append(f"  calibrated reserved-peak error over {len(errors)} attempt(s): median "
                      f"{np.median(errors):+.1%}, worst {max(errors, key=abs):+.1%}")
     if m.overhead_delta_bytes:
-        lines.append(f"  overhead outside the allocator + {m.overhead_delta_bytes / 2**30:.2f} GiB: "
+        lines.append(f"  overhead outside the allocator + {m.overhead_delta_bytes / GiB:.2f} GiB: "
                      f"the largest excess over the prediction among {m.n_overhead_measured} "
                      "attempt(s) that measured it (CUDA step samples, OOM messages)")
     if m.unexplained_ooms:

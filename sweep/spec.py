@@ -36,6 +36,7 @@ from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
 from sweep.model import ModelShape, shape_problems
 from sweep.steady import EarlyStop
+from sweep.units import GiB
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Slurm option values: partition names, accounts, QoS, feature expressions, node lists.
@@ -425,7 +426,7 @@ class Spec(_Strict):
         spec = catalog.get_gpu(self.gpu)
         if self.gpu_memory_gb is not None:
             from dataclasses import replace
-            spec = replace(spec, memory_bytes=int(self.gpu_memory_gb * 2**30))
+            spec = replace(spec, memory_bytes=int(self.gpu_memory_gb * GiB))
         return spec
 
     @property

@@ -21,6 +21,7 @@ from typing import IO, Any
 RUN_FILE = "run.json"
 STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
+ENV_FILE = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
 LEDGER_FILE = "ledger.jsonl"
 ATTEMPTS_DIR = "attempts"
 SLURM_STDERR_LINK = "job.err"  # in an attempt folder: the batch script's stderr (job.sbatch links it)

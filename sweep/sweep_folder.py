@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sweep.budget import RunCost, expected_seconds
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.state import LEDGER_FILE, RUN_FILE, read_json, read_jsonl
 from sweep.submission import RunJob, Submission, SubmissionError, shape_of, submissions

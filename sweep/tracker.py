@@ -34,13 +34,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from sweep.budget import Fit, Spend, committed_gpu_hours, fit_budget
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.progress import read_tail
 from sweep.render import RUNS_DIR
 from sweep.shims.hostlist import expand as expand_hosts
 from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
 from sweep.slurm_states import has_ended, node_failures_in_srun_output
 from sweep.state import (
+    ENV_FILE,
     STATUS_FILE,
     LockHeld,
     append_jsonl,
@@ -87,7 +88,6 @@ WRAPPER: Final = "array-task.sh"
 TASKS_FILE: Final = "tasks.txt"
 LOCK_FILE: Final = ".submit.lock"
 LEFT_OUT_FILE: Final = "budget_left_out.txt"  # runs a GPU-hour cap kept from being launched
-ENV_FILE: Final = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
 LOCK_WAIT_S: Final = 200.0  # longer than sbatch's own retries (120 s) when the queue is full
 JOB_COUNT_MARGIN: Final = 0.02  # of MaxJobCount, left free for other users
 _WRAPPER_TEXT: Final = """#!/bin/bash

@@ -15,14 +15,14 @@ import pytest
 
 from sweep import bloom_reference as bloom
 from sweep.catalog import get_gpu
-from sweep.memory_profiles import MiB
+from sweep.units import MiB
 
 A100_BYTES = get_gpu(bloom.GPU).memory_bytes
 
 
 @pytest.fixture(scope="module")
 def runs(refdata: Path) -> bloom.BloomRuns:
-    return bloom.read_runs(refdata / bloom.FILE)
+    return bloom.read_sweep(refdata / bloom.FILE)
 
 
 @pytest.fixture(scope="module")

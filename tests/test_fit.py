@@ -45,7 +45,7 @@ def reference(refdata: Path, playbook: Spec) -> tuple[fit_reference.ReferenceFit
 
 @pytest.fixture(scope="module")
 def full_runs(refdata: Path, playbook: Spec) -> memcheck.Runs:
-    return memcheck.read_runs(refdata / fit_reference.RUNS_FILE, playbook)
+    return memcheck.read_memory_runs(refdata / fit_reference.RUNS_FILE, playbook)
 
 
 @pytest.fixture(scope="module")

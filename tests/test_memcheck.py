@@ -83,7 +83,7 @@ def test_charts_reserved_peak_targets(charts: memcheck.MemoryCheck) -> None:
 
 
 def test_runs_are_judged_at_their_own_batch(refdata: Path, playbook: Spec) -> None:
-    judged = memcheck.judge(memcheck.read_runs(refdata / CHARTS, playbook), playbook)
+    judged = memcheck.judge(memcheck.read_memory_runs(refdata / CHARTS, playbook), playbook)
     other_batch = judged.dp * judged.mbs * judged.grad_acc != 256
     assert other_batch.sum() == 20
     assert "batch" not in set(judged.prune_rule.dropna())
@@ -107,7 +107,7 @@ def test_the_name_decides_between_models_of_the_same_shape_columns(
             "num_attention_heads": 32, "ffn_hidden_size": 8192, "vocab_size": 131072,
             "tie_word_embeddings": False}
     spec = with_models(playbook, ["playbook-1b", twin])
-    runs = memcheck.read_runs(refdata / FULL, spec)
+    runs = memcheck.read_memory_runs(refdata / FULL, spec)
     assert set(runs.frame.model) == {"playbook-1b"}
     assert runs.n_skipped == pd.read_csv(refdata / FULL, usecols=["name"])["name"] \
         .str.startswith("8.86G_").sum()
@@ -165,7 +165,7 @@ def test_peaks_are_predicted_for_rank_0_and_the_verdict_for_the_most_loaded_stag
 
     from sweep import memory, space
 
-    runs = memcheck.read_runs(refdata / FULL, playbook)
+    runs = memcheck.read_memory_runs(refdata / FULL, playbook)
     judged = memcheck.judge(runs, playbook)
     group = judged[(judged.model == "playbook-1b") & (judged.grad_acc >= 1)]
     model = next(m for m in playbook.model_shapes if m.name == "playbook-1b")
@@ -189,7 +189,7 @@ def test_the_tensor_parallel_tail_of_the_reserved_error_is_an_old_nanotron_versi
     """The README's diagnosis, kept honest: pp = 1 runs with tp >= 16 made before job 14019000
     reserved far more than the model predicts; the same layouts made later do not."""
     raw = pd.read_csv(refdata / FULL)
-    judged = memcheck.judge(memcheck.read_runs(refdata / FULL, playbook), playbook)
+    judged = memcheck.judge(memcheck.read_memory_runs(refdata / FULL, playbook), playbook)
     assert judged["reserved_bytes"].equals(raw["Mem Res (GB)"] * 2**30)  # row for row
     ok = (judged.outcome == "success") & judged.pred_reserved_bytes.notna()
     signed = judged.pred_reserved_bytes / judged.reserved_bytes - 1
@@ -210,7 +210,7 @@ def test_the_missed_ooms_and_the_lost_successes_fall_on_either_side_of_that_vers
     model (leave-one-model-out), the OOMs kept are mostly runs of the older version, the
     successes pruned all of the newer, and only one layout has both outcomes."""
     raw = pd.read_csv(refdata / FULL)
-    runs = memcheck.read_runs(refdata / FULL, playbook)
+    runs = memcheck.read_memory_runs(refdata / FULL, playbook)
     cv = fit.cross_validate(runs, playbook, must_fit=fit_reference.llmfoundry_basis(
         refdata / fit_reference.LLMFOUNDRY_FILE))
     judged = pd.concat([memcheck.judge(fit.subset(runs, [f.held_out]), playbook,
@@ -265,7 +265,7 @@ def sweep_runs(tmp_path: Path, playbook: Spec) -> memcheck.Runs:
     ]
     path = tmp_path / "runs.parquet"
     pd.DataFrame(attempts).to_parquet(path)
-    return memcheck.read_runs(path, playbook)
+    return memcheck.read_memory_runs(path, playbook)
 
 
 def test_a_sweeps_runs_parquet_is_read_attempt_by_attempt(sweep_runs: memcheck.Runs) -> None:
@@ -287,7 +287,7 @@ def test_a_run_that_fitted_only_by_flushing_the_allocator_scores_no_reserved_pea
     path = tmp_path / "runs.parquet"
     pd.DataFrame([_attempt(mem_alloc_retries=0.0), _attempt(mem_alloc_retries=2.0),
                   _attempt(mem_alloc_retries=None)]).to_parquet(path)
-    frame = memcheck.read_runs(path, playbook).frame
+    frame = memcheck.read_memory_runs(path, playbook).frame
     assert frame.reserved_bytes.isna().tolist() == [False, True, False]
     assert frame.alloc_bytes.notna().all() and (frame.outcome == "success").all()
 
@@ -330,7 +330,7 @@ def test_a_row_run_at_another_sequence_length_is_refused(tmp_path: Path, playboo
     pd.DataFrame([_attempt(seq_len=4096), _attempt(seq_len=8192)]).to_parquet(path)
     wanted = r"runs\.parquet: column 'seq_len' has \['8192'\] where the spec has 4096"
     with pytest.raises(memcheck.RunsFileError, match=wanted):
-        memcheck.read_runs(path, playbook)
+        memcheck.read_memory_runs(path, playbook)
 
 
 @pytest.mark.parametrize("table", [FULL, CHARTS])
@@ -341,8 +341,8 @@ def test_a_playbook_table_imported_as_runs_parquet_scores_as_its_csv_does(
     and for the full table the allocator fit too."""
     out = tmp_path / "runs.parquet"
     assert main(["import-playbook", str(refdata / table), "--out", str(out)]) == 0
-    from_parquet = memcheck.read_runs(out, playbook)
-    from_csv = memcheck.read_runs(refdata / table, playbook)
+    from_parquet = memcheck.read_memory_runs(out, playbook)
+    from_csv = memcheck.read_memory_runs(refdata / table, playbook)
     assert memcheck.score(from_parquet, playbook) == memcheck.score(from_csv, playbook)
     if table == FULL:
         assert fit.fit_allocator(from_parquet, playbook).allocator == \

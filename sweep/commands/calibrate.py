@@ -28,7 +28,7 @@ from sweep.calibrate import (
     without_fit_exclusions,
     workloads_for,
 )
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, file_sha256
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{COEFFICIENTS_FILE})")
 
 
-def read_runs(path: Path) -> pd.DataFrame:
+def read_runs_frame(path: Path) -> pd.DataFrame:
     """A runs table from parquet or CSV, or a UserError that names the file."""
     if not path.is_file():
         raise UserError(f"{path}: no such file; give runs.parquet or a runs CSV")
@@ -63,7 +63,7 @@ def read_runs(path: Path) -> pd.DataFrame:
 def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Workload]]:
     """(model name, completed runs, workload) per spec model that has runs in the table."""
     workloads = workloads_for(spec)
-    table = read_runs(path)
+    table = read_runs_frame(path)
     table, left_out = without_fit_exclusions(table)  # the charts table flags neither
     for reason, count in left_out.items():
         print(f"left out {count} {reason}")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from sweep.cli import UserError
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.tracker import Tracker

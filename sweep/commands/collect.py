@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sweep.cli import UserError
 from sweep.collect import job_ids, update_runs
+from sweep.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

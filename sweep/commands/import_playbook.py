@@ -6,8 +6,8 @@ import argparse
 import collections
 from pathlib import Path
 
-from sweep.cli import UserError
 from sweep.collect import write_runs
+from sweep.errors import UserError
 from sweep.playbook_import import PlaybookFormatError, import_playbook
 from sweep.schema import to_table
 

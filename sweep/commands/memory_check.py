@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Final
 
 from sweep import bloom_reference, fit, fit_reference, memcheck
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
+from sweep.units import MiB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
-        runs = memcheck.read_runs(args.runs, spec)
+        runs = memcheck.read_memory_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
     if args.cv == "model":
@@ -164,7 +165,7 @@ def _allocator(a: fit.Allocator | None) -> str:
     if a is None:
         return "none"
     return (f"sequential {a.sequential:g}, pipelined {a.pipelined:g}, logits {a.logits:g}, "
-            f"floor {a.floor_bytes / 2**20:g} MiB")
+            f"floor {a.floor_bytes / MiB:g} MiB")
 
 
 def _table(title: str, in_sample: memcheck.MemoryCheck, held_out: memcheck.MemoryCheck,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.cli import UserError
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.submission import NodeRecord

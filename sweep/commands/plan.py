@@ -29,7 +29,6 @@ from rich.table import Table
 
 from sweep import memory, self_calibration, space
 from sweep.calibrate import describe_default_prior, with_predictions
-from sweep.cli import UserError
 from sweep.commands.calibrate import (
     COEFFICIENTS_FILE,
     completed_groups,
@@ -38,11 +37,13 @@ from sweep.commands.calibrate import (
     self_calibration_payload,
     sweep_coefficients,
 )
+from sweep.errors import UserError
 from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text, atomic_write_with
 from sweep.throughput import Coefficients
 from sweep.throughput_self_calibration import self_calibrate
+from sweep.units import GiB
 
 PLAN_FILE = "plan.parquet"
 SPEC_COPY = "spec.yaml"
@@ -248,7 +249,7 @@ def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
                        "--calibrate-from RUNS` again to recalibrate"]
     replanned = self_calibration.replan(frame, spec, factor, delta)
     changed = self_calibration.changes(frame, replanned)
-    raised = f", overhead + {delta / 2**30:.2f} GiB" if delta else ""
+    raised = f", overhead + {delta / GiB:.2f} GiB" if delta else ""
     return replanned, [f"memory: reserved peak × {factor:.3f}{raised} from {path} (runs sha256 "
                        f"{str(record.get('source_sha256', ''))[:12]}…); "
                        f"{changed['pruned_to_kept']} pruned → kept, "
@@ -377,7 +378,7 @@ def candidates_table(frame: pd.DataFrame) -> Table:
                          else "right", no_wrap=True)
     ranked = _best_predicted(frame).sort_values(["model", "nodes"], kind="stable")
     for _, row in ranked.iterrows():
-        memory_gib = row.get("mem_total_bytes", float("nan")) / 2**30
+        memory_gib = row.get("mem_total_bytes", float("nan")) / GiB
         rank = row.get("pred_rank")
         table.add_row(str(row["model"]), str(row["nodes"]), "–" if pd.isna(rank) else str(rank),
                       space.layout_of(row).label(),
@@ -406,9 +407,9 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
              f"framework profile: {spec.framework}, seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]
     if budget is not None:
-        lines.append(f"budget: {budget / 2**30:.2f} GiB ({spec.gpu}, headroom "
+        lines.append(f"budget: {budget / GiB:.2f} GiB ({spec.gpu}, headroom "
                      f"{spec.constraints.memory_headroom:.0%}) → fits with "
-                     f"{(budget - estimate.total_bytes) / 2**30:.2f} GiB to spare")
+                     f"{(budget - estimate.total_bytes) / GiB:.2f} GiB to spare")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.cli import UserError
+from sweep.errors import UserError
 from sweep.spec import Spec
 
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.calibrate import model_names_for, workloads_for
-from sweep.cli import UserError
-from sweep.commands.calibrate import load_coefficients, read_runs
+from sweep.commands.calibrate import load_coefficients, read_runs_frame
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, search
+from sweep.errors import UserError
 from sweep.replay_tables import Replay, normalise_runs, replay_table
 from sweep.search_report import score
 from sweep.spec import load_spec
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.epsilon < 1 or not math.isfinite(args.startup_s) or args.startup_s < 0:
         raise UserError("--epsilon must be in [0, 1) and --startup-s a non-negative number")
     workloads = workloads_for(spec)
-    table = read_runs(args.runs)
+    table = read_runs_frame(args.runs)
     try:
         labels = sorted(set(normalise_runs(table, str(args.runs), workloads).model.astype(str)))
         replay = replay_table(table, str(args.runs), model_names_for(spec, labels), workloads,

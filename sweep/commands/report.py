@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.cli import UserError
 from sweep.collect import RUNS_FILE
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from analysis.report import Report

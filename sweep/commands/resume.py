@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweep.cli import UserError
 from sweep.commands.submit import (
     add_submit_options,
     budget_cap,
@@ -31,6 +30,7 @@ from sweep.commands.submit import (
     report_job,
 )
 from sweep.driver import read_progress, read_record
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.tracker import Tracker

@@ -27,11 +27,11 @@ from rich.progress import (
 
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
-from sweep.cli import UserError
 from sweep.commands.calibrate import sweep_coefficients
 from sweep.commands.render import Rendered, render_sweep
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
+from sweep.errors import UserError
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.preflight import visible_gpu_ids

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.cli import UserError
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.driver import DriverView

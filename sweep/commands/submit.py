@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.cli import UserError
 from sweep.economy import STRATEGIES
+from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.driver import SearchOptions

@@ -18,9 +18,6 @@ from typing import Protocol, runtime_checkable
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
-MIB = 2**20
-GIB = 2**30
-
 
 class LogParseError(Exception):
     """A log that cannot be read at all (missing, a directory, not text)."""

@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from sweep.units import MiB as MIB
 from sweep.workload.metrics import MemorySample
 
-MIB = 1024 * 1024
 # The last one: a lazy import of a shared library under the RLIMIT_AS cap.
 OOM_MARKERS = ("can't allocate memory", "Cannot allocate memory", "CUDA out of memory", "std::bad_alloc",
                "failed to map segment from shared object")

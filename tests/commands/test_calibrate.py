@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.cli import UserError
 from sweep.commands.calibrate import load_coefficients, load_prior
+from sweep.errors import UserError
 from sweep.throughput import Coefficients
 
 FITTED = Coefficients(compute=2.2, layer_passes=3e-4)

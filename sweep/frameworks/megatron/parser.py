@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 
 from sweep.logs.base import (
-    MIB,
     LineParser,
     MemorySample,
     StepRecord,
@@ -29,6 +28,7 @@ from sweep.logs.base import (
     to_int,
     utc_timestamp,
 )
+from sweep.units import MiB
 
 _PREFIX = r"^(?:\d+:\s*|\[default\d+\]:|\[rank\d+\]:)*\s*"
 _ITERATION = re.compile(
@@ -58,7 +58,7 @@ def _timestamp(stamp: str | None, fraction: str | None) -> float | None:
 
 
 def _mib(text: str) -> int:
-    return round(float(text) * MIB)
+    return round(float(text) * MiB)
 
 
 class MegatronParser(LineParser):

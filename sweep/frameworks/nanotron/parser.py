@@ -31,7 +31,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from sweep.logs.base import MIB, LineParser, MemorySample, StepRecord, strip_ansi, utc_timestamp
+from sweep.logs.base import LineParser, MemorySample, StepRecord, strip_ansi, utc_timestamp
+from sweep.units import MiB
 
 _STEP = re.compile(
     r"^(?:\d+:\s*)?(?P<date>\d\d/\d\d(?:/(?P<year>\d{4}))?) (?P<time>\d\d:\d\d:\d\d) "
@@ -111,7 +112,7 @@ class NanotronParser(LineParser):
         if match is None:
             return None
         return MemorySample(
-            allocated_bytes=round(float(match["a"]) * MIB),
-            max_allocated_bytes=round(float(match["ma"]) * MIB),
-            max_reserved_bytes=round(float(match["mr"]) * MIB),
+            allocated_bytes=round(float(match["a"]) * MiB),
+            max_allocated_bytes=round(float(match["ma"]) * MiB),
+            max_reserved_bytes=round(float(match["mr"]) * MiB),
         )

@@ -28,7 +28,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from sweep.logs.base import GIB, LineParser, ParsedLog, StepRecord, strip_ansi, to_float, utc_timestamp
+from sweep.logs.base import LineParser, ParsedLog, StepRecord, strip_ansi, to_float, utc_timestamp
+from sweep.units import GiB
 
 _STEP = re.compile(
     r"^(?:\d+:\s*)?(?:\[rank(?P<rank>\d+)\]:)*(?:\[titan\]\s*)?"
@@ -82,7 +83,7 @@ class TorchtitanParser(LineParser):
             step=int(match["step"]),
             loss=to_float(match["loss"]),
             grad_norm=to_float(fields.get("grad_norm", "")),
-            mem_reserved_bytes=round(float(memory["gib"]) * GIB) if memory else None,
+            mem_reserved_bytes=round(float(memory["gib"]) * GiB) if memory else None,
             tokens_per_sec_per_gpu=to_float(fields.get(throughput_key, "")),
             tflops_per_gpu=to_float(fields.get("tflops", "")),
             mfu_pct=to_float(mfu[:-1]) if mfu.endswith("%") else None,
