@@ -169,14 +169,14 @@ def check(run: dict[str, Any], checks: Any) -> dict[str, Any]:
             "layers_per_stage": layers}
 
 
-def layers_per_stage(config: Any, args: Any) -> list[int] | None:
+def layers_per_stage(config: Any, args: Any) -> list[int]:
     """The decoder layers Megatron builds on each pipeline rank (get_num_layers_to_build, which
-    applies --account-for-embedding/loss-in-pipeline-split); None with virtual stages."""
-    if args.virtual_pipeline_model_parallel_size:
-        return None
+    applies --account-for-embedding/loss-in-pipeline-split), over all its virtual stages."""
     from megatron.core.transformer.transformer_block import get_num_layers_to_build
 
-    return [get_num_layers_to_build(config, pp_rank=rank)
+    chunks = args.virtual_pipeline_model_parallel_size
+    return [sum(get_num_layers_to_build(config, vp_stage=chunk, pp_rank=rank)
+                for chunk in (range(chunks) if chunks else [None]))
             for rank in range(args.pipeline_model_parallel_size)]
 
 

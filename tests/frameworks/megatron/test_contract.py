@@ -165,19 +165,20 @@ def test_megatron_runs_what_the_label_says(contract: dict[str, Any], version: st
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_memory_model_puts_on_each_stage_the_layers_megatron_builds_there(
         contract: dict[str, Any], version: str) -> None:
-    """sweep.memory's "megatron" split against get_num_layers_to_build on every pipeline rank
-    (the loss, then the embedding, counted as a layer where the rendered flags say so)."""
+    """sweep.memory's "megatron" split against get_num_layers_to_build on every pipeline rank,
+    summed over its virtual stages (the loss, then the embedding, counted as a layer where the
+    rendered flags say so)."""
     verdicts = contract["verdicts"][version]
-    checked = accounted = 0
+    checked = accounted = interleaved = 0
     for config, _ in contract["runs"]:
         built = verdicts[_key(config)]["layers_per_stage"]
-        if built is None:  # virtual stages
-            continue
         assert tuple(built) == stage_layer_counts(config.model, config.layout.pp, "megatron"), \
             (_key(config), config.model.num_layers, config.layout.label())
-        checked += config.layout.pp > 1
-        accounted += config.model.num_layers % config.layout.pp != 0
-    assert checked > 50 and accounted > 0  # some splits count the loss or the embedding
+        layout = config.layout
+        checked += layout.pp > 1
+        accounted += config.model.num_layers % (layout.pp * layout.vpp) != 0
+        interleaved += layout.vpp > 1
+    assert checked > 50 and accounted > 0 and interleaved > 0
 
 
 def test_the_family_covers_every_axis_value(contract: dict[str, Any],
