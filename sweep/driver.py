@@ -98,9 +98,9 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
     from sweep.commands.calibrate import sweep_coefficients
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
     from sweep.economy import Params
     from sweep.live_search import search_sweep
+    from sweep.plan_file import PLAN_FILE, SPEC_COPY
     from sweep.round_calibration import for_search
     from sweep.slurm_backend import SlurmBackend
     from sweep.spec import load_spec
@@ -352,8 +352,8 @@ def count_cells(folder: Path) -> int:
     """How many (model, nodes) cells the sweep has (the kept rows of its plan)."""
     import pandas as pd
 
-    from sweep.commands.plan import PLAN_FILE
     from sweep.live_search import candidates_of
+    from sweep.plan_file import PLAN_FILE
 
     plan = pd.read_parquet(folder / PLAN_FILE, columns=["status", "model", "nodes"])
     return int(candidates_of(plan).groupby(["model", "nodes"]).ngroups)

@@ -50,7 +50,7 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
     from sweep import space
     from sweep.calibrate import with_predictions
     from sweep.commands.calibrate import sweep_coefficients
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
+    from sweep.plan_file import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
     from sweep.render import render_runs
     from sweep.spec import load_spec
 

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.commands.submit import (
     add_submit_options,
-    budget_cap,
     ensure_preflight,
     print_report,
     report_job,
 )
 from sweep.driver import read_progress, read_record
 from sweep.errors import UserError
+from sweep.plan_file import budget_cap
 
 if TYPE_CHECKING:
     from sweep.tracker import Tracker
@@ -84,7 +84,7 @@ def _recalibrate(folder: Path, *, enabled: bool) -> None:
     import pandas as pd
 
     from sweep.collect import update_runs
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.plan_file import PLAN_FILE, SPEC_COPY
     from sweep.round_calibration import for_search
     from sweep.spec import load_spec
 
@@ -122,8 +122,8 @@ def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) ->
 def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
                    args: argparse.Namespace) -> int:
     """A new driver for a search whose driver died (UserError while the old one is live)."""
-    from sweep.commands.submit import driver_settings
     from sweep.driver import SearchOptions, start_driver
+    from sweep.plan_file import driver_settings
     from sweep.slurm import SlurmError
 
     recorded = SearchOptions(**record["options"])

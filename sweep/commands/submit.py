@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 from sweep.economy import STRATEGIES
 from sweep.errors import UserError
+from sweep.plan_file import budget_cap, driver_settings
 
 if TYPE_CHECKING:
     from sweep.driver import SearchOptions
-    from sweep.spec import DriverSettings, Spec
     from sweep.tracker import SubmitReport, Tracker
 
 
@@ -212,39 +212,11 @@ def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions
 
 # -- the budget -----------------------------------------------------------------------------------
 
-def budget_cap(folder: Path, given: float | None) -> float | None:
-    """--max-gpu-hours, else the spec's max_gpu_hours (from the sweep's spec.yaml), else none."""
-    if given is not None:
-        return given
-    spec = planned_spec(folder)
-    return spec.max_gpu_hours if spec is not None else None
-
-
-def planned_spec(folder: Path) -> Spec | None:
-    """The spec the sweep was planned from (its spec.yaml copy); None for a hand-made folder."""
-    from sweep.commands.plan import SPEC_COPY
-    from sweep.spec import SpecError, load_spec
-
-    if not (folder / SPEC_COPY).is_file():
-        return None
-    try:
-        return load_spec(folder / SPEC_COPY)
-    except SpecError as error:
-        raise UserError(str(error)) from None
-
-
-def driver_settings(folder: Path) -> DriverSettings:
-    from sweep.spec import DriverSettings
-
-    spec = planned_spec(folder)
-    return spec.driver if spec is not None else DriverSettings()
-
-
 def step_times(folder: Path) -> dict[str, float]:
     """The plan's predicted step time of each run (run id → seconds), where it has one."""
     import pandas as pd
 
-    from sweep.commands.plan import PLAN_FILE
+    from sweep.plan_file import PLAN_FILE
 
     path = folder / PLAN_FILE
     if not path.is_file():
