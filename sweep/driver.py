@@ -97,7 +97,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.backends import Rounds
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
-    from sweep.commands.calibrate import sweep_coefficients
+    from sweep.coefficients_file import sweep_coefficients
     from sweep.economy import Params
     from sweep.live_search import search_sweep
     from sweep.plan_file import PLAN_FILE, SPEC_COPY

@@ -147,7 +147,7 @@ class RoundCalibration:
     def _plan_coefficients(self) -> Coefficients:
         """What the re-plan predicts with when the round's search made no refit: what `sweep
         plan` predicts with (the sweep's throughput.json, else the default prior)."""
-        from sweep.commands.calibrate import sweep_coefficients
+        from sweep.coefficients_file import sweep_coefficients
 
         return sweep_coefficients(self.sweep_dir, self.spec)
 

@@ -29,14 +29,14 @@ from rich.table import Table
 
 from sweep import memory, self_calibration, space
 from sweep.calibrate import describe_default_prior, with_predictions
-from sweep.commands.calibrate import (
+from sweep.coefficients_file import (
     COEFFICIENTS_FILE,
-    completed_groups,
     load_coefficients,
     load_prior,
     self_calibration_payload,
     sweep_coefficients,
 )
+from sweep.commands.calibrate import completed_groups
 from sweep.errors import UserError
 from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
 from sweep.plan_file import PLAN_FILE, write_plan

@@ -49,7 +49,7 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
     """Plan (or reuse the sweep folder's current plan) and render every kept run."""
     from sweep import space
     from sweep.calibrate import with_predictions
-    from sweep.commands.calibrate import sweep_coefficients
+    from sweep.coefficients_file import sweep_coefficients
     from sweep.plan_file import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
     from sweep.render import render_runs
     from sweep.spec import load_spec

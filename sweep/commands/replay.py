@@ -27,7 +27,8 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.calibrate import model_names_for, workloads_for
-from sweep.commands.calibrate import load_coefficients, read_runs_frame
+from sweep.coefficients_file import load_coefficients
+from sweep.commands.calibrate import read_runs_frame
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, search

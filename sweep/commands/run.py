@@ -27,7 +27,7 @@ from rich.progress import (
 
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
-from sweep.commands.calibrate import sweep_coefficients
+from sweep.coefficients_file import sweep_coefficients
 from sweep.commands.render import Rendered, render_sweep
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
