@@ -18,17 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.calibrate import (
-    error_summary,
-    fit,
-    model_names_for,
-    relative_errors,
-    without_fit_exclusions,
-    workloads_for,
-)
+from sweep import runs_table
+from sweep.calibrate import error_summary, fit, relative_errors
 from sweep.coefficients_file import COEFFICIENTS_FILE, coefficients_payload
 from sweep.errors import UserError
-from sweep.replay_tables import normalise_runs
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text
 from sweep.throughput import Workload
@@ -43,38 +36,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{COEFFICIENTS_FILE})")
 
 
-def read_runs_frame(path: Path) -> pd.DataFrame:
-    """A runs table from parquet or CSV, or a UserError that names the file."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such file; give runs.parquet or a runs CSV")
-    try:
-        if path.suffix == ".parquet":
-            return pd.read_parquet(path)
-        return pd.read_csv(path, comment=None)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{path}: cannot read it as {path.suffix.lstrip('.') or 'CSV'}: "
-                        f"{error}") from None
-
-
 def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Workload]]:
-    """(model name, completed runs, workload) per spec model that has runs in the table."""
-    workloads = workloads_for(spec)
-    table = read_runs_frame(path)
-    table, left_out = without_fit_exclusions(table)  # the charts table flags neither
-    for reason, count in left_out.items():
-        print(f"left out {count} {reason}")
-    try:
-        rows = normalise_runs(table, str(path), workloads)
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    names = model_names_for(spec, sorted(set(rows.model.astype(str))))
-    if not names:
-        raise UserError(f"{path}: none of its models ({', '.join(sorted(set(rows.model)))}) is "
-                        f"a model of {spec.name}; list them under `models:` in the spec")
-    rows = rows.assign(model=rows.model.astype(str).map(names))
-    rows = rows[rows.model.notna() & (rows.status == "completed")
-                & (rows.tokens_per_s_per_gpu > 0)]
-    return [(name, group, workloads[name]) for name, group in rows.groupby("model")]
+    """(model name, completed runs, workload) per spec model that has runs in the table,
+    printing how many runs the fit leaves out and why (`sweep.runs_table.completed_groups`)."""
+    return runs_table.completed_groups(path, spec, on_left_out=print)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -36,10 +36,10 @@ from sweep.coefficients_file import (
     self_calibration_payload,
     sweep_coefficients,
 )
-from sweep.commands.calibrate import completed_groups
 from sweep.errors import UserError
 from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
 from sweep.plan_file import PLAN_FILE, write_plan
+from sweep.runs_table import completed_groups
 from sweep.spec import Spec, load_spec
 from sweep.state import atomic_write_text
 from sweep.throughput import Coefficients
@@ -212,8 +212,8 @@ def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficie
     files: dict[str, str] = {}
     throughput = prior
     try:
-        result = self_calibrate([(group, work) for _, group, work in completed_groups(runs, spec)],
-                                prior)
+        groups = completed_groups(runs, spec, on_left_out=print)
+        result = self_calibrate([(group, work) for _, group, work in groups], prior)
     except ValueError as error:
         record["throughput"] = {"fitted": False, "reason": str(error)}
         lines.append(f"  throughput: not calibrated ({error}); predictions use the prior")
