@@ -28,13 +28,13 @@ from rich.progress import (
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.coefficients_file import sweep_coefficients
-from sweep.commands.render import Rendered, render_sweep
 from sweep.commands.submit import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
 from sweep.errors import UserError
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.preflight import visible_gpu_ids
+from sweep.render_sweep import Rendered, render_sweep
 from sweep.round_calibration import for_search
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld

@@ -155,7 +155,7 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
         return target
     if not target.is_file():
         raise UserError(f"{target}: no such spec file or sweep folder")
-    from sweep.commands.render import render_sweep
+    from sweep.render_sweep import render_sweep
 
     rendered = render_sweep(target, out)
     print(f"rendered {rendered.counts} from {rendered.plan_source} into "
