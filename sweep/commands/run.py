@@ -193,7 +193,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
     console.print(f"collected {result.table.num_rows} attempt(s) ({counts}) → {runs_path}",
                   highlight=False, soft_wrap=True)
     if not args.no_report:
-        from sweep.commands.report import report_sweep
+        from analysis.sweep_report import report_sweep
 
         report = report_sweep(runs_path, out / "report")
         console.print(f"report → {report.out_dir / 'index.html'}\n"
