@@ -28,7 +28,7 @@ import pandas as pd
 
 from sweep.calibrate import model_names_for, workloads_for
 from sweep.coefficients_file import load_coefficients
-from sweep.commands.submit import add_top_argument, shortlist_top
+from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
 from sweep.economy import STRATEGIES, Params, search
 from sweep.errors import UserError

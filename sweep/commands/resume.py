@@ -22,13 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweep.commands.submit import (
-    add_submit_options,
-    ensure_preflight,
-    print_report,
-    report_job,
-)
-from sweep.driver import read_progress, read_record
+from sweep.commands._shared import add_submit_options
+from sweep.driver import read_progress, read_record, report_after
 from sweep.errors import UserError
 from sweep.plan_file import budget_cap
 
@@ -71,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     searched = bool(record.get("job_id")) and (record.get("options") or {}).get("strategy")
     if searched and not _search_over(tracker, record, cap):
         return _resume_search(tracker, record, cap, args)
-    ensure_preflight(args.sweep_dir, args)
+    if not (args.dry_run or args.no_preflight):
+        from sweep.preflight import ensure_passed
+
+        ensure_passed(args.sweep_dir, args.preflight_timeout,
+                      say=lambda line: print(line, flush=True))
     if not searched and not args.dry_run:
         _recalibrate(tracker.dir, enabled=not args.no_calibrate)
     return _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
@@ -161,10 +160,12 @@ def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, 
             fit = tracker.fit_budget(todo, cap, observed, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run, exclude=observed.excluded)
-            report_job_id = report_job(tracker.dir, tracker, report, args)
+            report_job_id = (None if args.dry_run or args.no_report
+                             else report_after(tracker.dir, tracker, report))
     except SlurmError as error:
         raise UserError(str(error)) from None
-    print_report(report, args.dry_run)
+    for line in report.lines(args.dry_run):
+        print(line)
     chosen = counts_by(s for s in observed.states if s.run_id in set(fit.chosen))
     what = ", ".join(f"{n} {state}" for state, n in sorted(chosen.items())) or "nothing to resume"
     verb = "would resubmit" if args.dry_run else "resubmitted"

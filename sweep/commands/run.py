@@ -28,7 +28,7 @@ from rich.progress import (
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.coefficients_file import sweep_coefficients
-from sweep.commands.submit import add_top_argument, shortlist_top
+from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
 from sweep.errors import UserError
 from sweep.live_search import search_sweep
