@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from sweep.backends import RoundHook, Rounds, Submitted
     from sweep.slurm import Slurm
     from sweep.spec import DriverSettings
-    from sweep.tracker import Observation, Tracker
+    from sweep.tracker import Observation, SubmitReport, Tracker
 
 DRIVER_FILE: Final = "driver.json"
 PROGRESS_FILE: Final = "driver_progress.json"
@@ -97,10 +97,10 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.backends import Rounds
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
-    from sweep.commands.calibrate import sweep_coefficients
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.coefficients_file import sweep_coefficients
     from sweep.economy import Params
     from sweep.live_search import search_sweep
+    from sweep.plan_file import PLAN_FILE, SPEC_COPY
     from sweep.round_calibration import for_search
     from sweep.slurm_backend import SlurmBackend
     from sweep.spec import load_spec
@@ -352,8 +352,8 @@ def count_cells(folder: Path) -> int:
     """How many (model, nodes) cells the sweep has (the kept rows of its plan)."""
     import pandas as pd
 
-    from sweep.commands.plan import PLAN_FILE
     from sweep.live_search import candidates_of
+    from sweep.plan_file import PLAN_FILE
 
     plan = pd.read_parquet(folder / PLAN_FILE, columns=["status", "model", "nodes"])
     return int(candidates_of(plan).groupby(["model", "nodes"]).ngroups)
@@ -412,6 +412,18 @@ def start_driver(tracker: Tracker, settings: DriverSettings, options: SearchOpti
                             f"live; it owns the sweep. Watch it with `sweep status "
                             f"{tracker.dir}`, or stop it with `sweep cancel {tracker.dir}`")
         return submit_driver(tracker.dir, settings, options, tracker.sweep_name())
+
+
+def report_after(folder: Path, tracker: Tracker, report: SubmitReport) -> str | None:
+    """The afterany job that collects and reports after a submission's arrays (submit's, and
+    resume's: the report is made again once the rerun runs end); None when nothing was
+    submitted."""
+    from sweep.plan_file import driver_settings
+
+    if not report.submitted:
+        return None
+    return submit_report_job(folder, driver_settings(folder), [j for _, j, _ in report.submitted],
+                             tracker.sweep_name())
 
 
 def submit_report_job(folder: Path, settings: DriverSettings, after: Sequence[str],

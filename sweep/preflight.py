@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -144,6 +145,38 @@ def passed_before(sweep_dir: Path, target: PreflightTarget) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and record.get("key") == target.key()
+
+
+def ensure_passed(sweep_dir: Path, timeout_s: float, say: Callable[[str], None]) -> None:
+    """Run the preflight once per sweep and settings, before anything is submitted: nothing when
+    there is nothing to check it by (no run rendered, or a hand-made job.sbatch) or a pass is
+    remembered for the same settings; else one job, saying (`say`, e.g. print) what it checks
+    before it waits for it and where it passed after. UserError when the preflight fails or a
+    run's framework or version is one this llm-sweep does not know."""
+    from sweep.errors import UserError
+    from sweep.render import run_dirs_of
+    from sweep.state import read_json
+
+    run_dirs = run_dirs_of(sweep_dir)
+    if not run_dirs:
+        return
+    document = read_json(run_dirs[0] / "run.json")
+    if not isinstance(document, dict) or "framework" not in document:
+        return  # not a run `sweep render` wrote (a hand-made job.sbatch): nothing to check it by
+    try:
+        target = target_of(document)
+    except ValueError as error:  # a framework or version this llm-sweep does not know
+        raise UserError(f"preflight: {run_dirs[0] / 'run.json'}: {error}") from None
+    if passed_before(sweep_dir, target):
+        return
+    say(f"preflight: one job on {dict(target.slurm).get('partition', 'the default partition')}"
+        f" checks {target.python}, {target.framework} and the sweep folder ...")
+    try:
+        result = run_preflight(sweep_dir, target, timeout_s)
+    except PreflightError as error:
+        raise UserError(f"preflight failed: {error}") from None
+    say(f"preflight passed on {result['host']} in {result['seconds']:.1f} s "
+        f"({result['framework']['found']})")
 
 
 def run_preflight(sweep_dir: Path, target: PreflightTarget,

@@ -36,6 +36,7 @@ import pandas as pd
 from sweep import self_calibration, space
 from sweep.calibrate import with_predictions
 from sweep.economy import Replanned
+from sweep.plan_file import PLAN_FILE
 from sweep.render import render_runs
 from sweep.spec import Spec
 from sweep.state import append_jsonl, atomic_write_json, atomic_write_with, read_jsonl
@@ -43,7 +44,6 @@ from sweep.throughput import Coefficients
 
 ROUNDS_FILE: Final = "calibration_rounds.jsonl"
 RUNS_FILE: Final = "runs.parquet"
-PLAN_FILE: Final = "plan.parquet"
 MEMORY_RULE: Final = f"pruned:{space.RULE_NAMES[-1]}"
 # What identifies a plan row apart from its status: two plans of one spec list the same rows.
 ROW_KEY: Final = ("model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
@@ -147,7 +147,7 @@ class RoundCalibration:
     def _plan_coefficients(self) -> Coefficients:
         """What the re-plan predicts with when the round's search made no refit: what `sweep
         plan` predicts with (the sweep's throughput.json, else the default prior)."""
-        from sweep.commands.calibrate import sweep_coefficients
+        from sweep.coefficients_file import sweep_coefficients
 
         return sweep_coefficients(self.sweep_dir, self.spec)
 

@@ -513,6 +513,20 @@ class SubmitReport:
     left_over: list[str] = field(default_factory=list)  # no room under the job limits
     excluded: list[str] = field(default_factory=list)
 
+    def lines(self, dry_run: bool) -> list[str]:
+        """What to tell the user: the sbatch command lines (dry), the arrays submitted, the bad
+        nodes excluded, and the runs left over for lack of room under the job limits."""
+        lines = list(self.commands) if dry_run else []
+        lines += [f"batch {batch}: job array {job_id} ({tasks} task(s))"
+                  for batch, job_id, tasks in self.submitted]
+        if self.excluded:
+            lines.append(f"excluding bad nodes: {','.join(self.excluded)}")
+        if self.left_over:
+            lines.append(f"{len(self.left_over)} run(s) not submitted: no room under the "
+                         "cluster's job limits (MaxJobCount/MaxSubmitJobs); run `sweep resume` "
+                         "later")
+        return lines
+
 
 def submit_runs(tracker: Tracker, run_ids: Sequence[str], *, max_running: int | None = None,
                 hold: bool = False, dry_run: bool = False,

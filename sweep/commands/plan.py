@@ -29,9 +29,8 @@ from rich.table import Table
 
 from sweep import memory, self_calibration, space
 from sweep.calibrate import describe_default_prior, with_predictions
-from sweep.commands.calibrate import (
+from sweep.coefficients_file import (
     COEFFICIENTS_FILE,
-    completed_groups,
     load_coefficients,
     load_prior,
     self_calibration_payload,
@@ -39,14 +38,13 @@ from sweep.commands.calibrate import (
 )
 from sweep.errors import UserError
 from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
+from sweep.plan_file import PLAN_FILE, write_plan
+from sweep.runs_table import completed_groups
 from sweep.spec import Spec, load_spec
-from sweep.state import atomic_write_text, atomic_write_with
+from sweep.state import atomic_write_text
 from sweep.throughput import Coefficients
 from sweep.throughput_self_calibration import self_calibrate
 from sweep.units import GiB
-
-PLAN_FILE = "plan.parquet"
-SPEC_COPY = "spec.yaml"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -214,8 +212,8 @@ def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficie
     files: dict[str, str] = {}
     throughput = prior
     try:
-        result = self_calibrate([(group, work) for _, group, work in completed_groups(runs, spec)],
-                                prior)
+        groups = completed_groups(runs, spec, on_left_out=print)
+        result = self_calibrate([(group, work) for _, group, work in groups], prior)
     except ValueError as error:
         record["throughput"] = {"fitted": False, "reason": str(error)}
         lines.append(f"  throughput: not calibrated ({error}); predictions use the prior")
@@ -299,28 +297,6 @@ def framework_prunes(spec: Spec, frame: pd.DataFrame) -> list[str]:
     lines = [f"pruned because {spec.framework} ({version}) cannot run them as labelled:"]
     lines += [f"  {count:>6} × {detail}" for detail, count in details.items()]
     return lines
-
-
-def write_plan(out: Path, spec: Spec, spec_path: Path, frame: pd.DataFrame) -> None:
-    """plan.parquet and spec.yaml, each written whole or not at all."""
-    previous = planned_hash(out / SPEC_COPY)
-    if previous not in (None, spec.spec_hash()) and (out / "runs").exists():
-        raise UserError(f"{out} holds runs of another spec (hash {previous}); give --out a new "
-                        "directory, or remove the old sweep first")
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(out / PLAN_FILE, lambda tmp: frame.to_parquet(tmp, index=False))
-    header = (f"# spec_hash: {spec.spec_hash()}\n"
-              f"# planned by `sweep plan` from {spec_path}; the text below is that file's\n")
-    atomic_write_text(out / SPEC_COPY, header + spec_path.read_text(encoding="utf-8"))
-
-
-def planned_hash(path: Path) -> str | None:
-    """The spec hash in the header of a sweep folder's spec.yaml (None: not planned)."""
-    try:
-        first = path.read_text(encoding="utf-8").splitlines()[0]
-    except (OSError, IndexError):
-        return None
-    return first.removeprefix("# spec_hash: ").strip() if first.startswith("# spec_hash:") else None
 
 
 def _best_predicted(frame: pd.DataFrame) -> pd.DataFrame:

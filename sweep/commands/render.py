@@ -3,37 +3,17 @@
 The plan comes from `--plan`, else from DIR/plan.parquet when `sweep plan` wrote it for this very
 spec (DIR/spec.yaml carries the spec hash), else the spec is planned now and the plan written
 as `sweep plan` would, so that a sweep folder always holds the plan its runs came from.
-`render_sweep` is that whole step; `sweep run` and `sweep submit SPEC` call it too.
+`sweep.render_sweep.render_sweep` is that whole step; `sweep run` and `sweep submit SPEC` call
+it too.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
-from sweep.errors import UserError
-from sweep.spec import Spec
-
-
-@dataclass(frozen=True)
-class Rendered:
-    spec: Spec
-    out: Path  # the sweep folder
-    plan: pd.DataFrame
-    run_dirs: list[Path]  # one per kept plan row, in plan order
-    plan_source: str  # where the plan came from, for messages
-
-    @property
-    def counts(self) -> str:
-        """'N run(s)', and how many of them are memory probes (`sweep.space.memory_over`)."""
-        probes = int(self.plan["probe"].sum()) if "probe" in self.plan else 0
-        return f"{len(self.run_dirs)} run(s)" + (
-            f" ({probes} memory probe(s): kept because the memory band reaches under the "
-            "limit; each run decides)" if probes else "")
+from sweep.render_sweep import render_sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,40 +22,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the sweep folder (default: results/<spec name>)")
     parser.add_argument("--plan", type=Path,
                         help="a plan.parquet to render (default: the sweep folder's, if current)")
-
-
-def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | None = None
-                 ) -> Rendered:
-    """Plan (or reuse the sweep folder's current plan) and render every kept run."""
-    from sweep import space
-    from sweep.calibrate import with_predictions
-    from sweep.commands.calibrate import sweep_coefficients
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
-    from sweep.render import render_runs
-    from sweep.spec import load_spec
-
-    spec = load_spec(spec_path)
-    out = out or Path("results") / spec.name
-    if plan_file is None and planned_hash(out / SPEC_COPY) == spec.spec_hash() \
-            and (out / PLAN_FILE).is_file():
-        plan_file = out / PLAN_FILE
-    if plan_file is not None:
-        try:
-            plan = pd.read_parquet(plan_file)
-        except (OSError, ValueError) as error:
-            raise UserError(f"--plan: cannot read {plan_file}: {error}") from None
-    else:
-        try:
-            plan = space.plan(spec)
-        except space.PlanError as error:
-            raise UserError(f"{spec_path}: {error}") from None
-        # as `sweep plan` writes it: with the predictions (and pred_rank) of the sweep's
-        # coefficients, the order the shortlist runs in
-        plan = with_predictions(plan, spec, sweep_coefficients(out, spec))
-        write_plan(out, spec, spec_path, plan)
-    run_dirs = render_runs(spec, plan, out, spec_dir=spec_path.resolve().parent)
-    source = f"plan {plan_file}" if plan_file else f"a new plan ({out / PLAN_FILE})"
-    return Rendered(spec, out, plan, run_dirs, source)
 
 
 def run(args: argparse.Namespace) -> int:

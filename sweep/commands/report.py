@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sweep.collect import RUNS_FILE
 from sweep.errors import UserError
-
-if TYPE_CHECKING:
-    from analysis.report import Report
-
 
 _PRINTED = ("failed-check", "best-config-changes", "basis", "mfu-above-1", "convention-mismatch",
             "not-ranked")
@@ -30,38 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "trainer or the publication reported it (default %(default)s)")
 
 
-def report_sweep(path: Path, out: Path | None = None, metric: str | None = None,
-                 convention: str | None = None) -> Report:
-    """The report of a runs.parquet; the plan (why cells never ran) and a search's per-cell
-    progress are read from beside it when there."""
-    import pandas as pd
-
-    from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC
-    from analysis.report import write_report
-    from sweep.live_search import SEARCH_PROGRESS_FILE
-
-    try:
-        runs = pd.read_parquet(path)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{path}: not a readable Parquet file ({error})") from None
-    plan_path = path.parent / "plan.parquet"
-    plan = pd.read_parquet(plan_path) if plan_path.is_file() else None
-    search_path = path.parent / SEARCH_PROGRESS_FILE
-    search = pd.read_csv(search_path) if search_path.is_file() else None
-    try:
-        return write_report(runs, out or path.parent / "report", metric=metric or DEFAULT_METRIC,
-                            convention=convention or DEFAULT_CONVENTION, plan=plan,
-                            search=search)
-    except ValueError as error:
-        raise UserError(f"{path}: {error}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     source: Path = args.source
     path = source / RUNS_FILE if source.is_dir() else source
     if not path.is_file():
         hint = "run `sweep collect` first" if source.is_dir() else "pass a sweep directory or a runs.parquet"
         raise UserError(f"{path}: no such file; {hint}")
+    from analysis.sweep_report import report_sweep
+
     report = report_sweep(path, args.out, args.metric, args.convention)
     out = report.out_dir
     winners = int(report.best["run_id"].notna().sum())

@@ -22,15 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sweep.commands.submit import (
-    add_submit_options,
-    budget_cap,
-    ensure_preflight,
-    print_report,
-    report_job,
-)
-from sweep.driver import read_progress, read_record
+from sweep.commands._shared import add_submit_options
+from sweep.driver import read_progress, read_record, report_after
 from sweep.errors import UserError
+from sweep.plan_file import budget_cap
 
 if TYPE_CHECKING:
     from sweep.tracker import Tracker
@@ -71,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     searched = bool(record.get("job_id")) and (record.get("options") or {}).get("strategy")
     if searched and not _search_over(tracker, record, cap):
         return _resume_search(tracker, record, cap, args)
-    ensure_preflight(args.sweep_dir, args)
+    if not (args.dry_run or args.no_preflight):
+        from sweep.preflight import ensure_passed
+
+        ensure_passed(args.sweep_dir, args.preflight_timeout,
+                      say=lambda line: print(line, flush=True))
     if not searched and not args.dry_run:
         _recalibrate(tracker.dir, enabled=not args.no_calibrate)
     return _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
@@ -84,7 +83,7 @@ def _recalibrate(folder: Path, *, enabled: bool) -> None:
     import pandas as pd
 
     from sweep.collect import update_runs
-    from sweep.commands.plan import PLAN_FILE, SPEC_COPY
+    from sweep.plan_file import PLAN_FILE, SPEC_COPY
     from sweep.round_calibration import for_search
     from sweep.spec import load_spec
 
@@ -122,8 +121,8 @@ def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) ->
 def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
                    args: argparse.Namespace) -> int:
     """A new driver for a search whose driver died (UserError while the old one is live)."""
-    from sweep.commands.submit import driver_settings
     from sweep.driver import SearchOptions, start_driver
+    from sweep.plan_file import driver_settings
     from sweep.slurm import SlurmError
 
     recorded = SearchOptions(**record["options"])
@@ -161,10 +160,12 @@ def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, 
             fit = tracker.fit_budget(todo, cap, observed, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run, exclude=observed.excluded)
-            report_job_id = report_job(tracker.dir, tracker, report, args)
+            report_job_id = (None if args.dry_run or args.no_report
+                             else report_after(tracker.dir, tracker, report))
     except SlurmError as error:
         raise UserError(str(error)) from None
-    print_report(report, args.dry_run)
+    for line in report.lines(args.dry_run):
+        print(line)
     chosen = counts_by(s for s in observed.states if s.run_id in set(fit.chosen))
     what = ", ".join(f"{n} {state}" for state, n in sorted(chosen.items())) or "nothing to resume"
     verb = "would resubmit" if args.dry_run else "resubmitted"

@@ -27,14 +27,14 @@ from rich.progress import (
 
 from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
-from sweep.commands.calibrate import sweep_coefficients
-from sweep.commands.render import Rendered, render_sweep
-from sweep.commands.submit import add_top_argument, shortlist_top
+from sweep.coefficients_file import sweep_coefficients
+from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES, Params
 from sweep.errors import UserError
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.preflight import visible_gpu_ids
+from sweep.render_sweep import Rendered, render_sweep
 from sweep.round_calibration import for_search
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld
@@ -193,7 +193,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
     console.print(f"collected {result.table.num_rows} attempt(s) ({counts}) → {runs_path}",
                   highlight=False, soft_wrap=True)
     if not args.no_report:
-        from sweep.commands.report import report_sweep
+        from analysis.sweep_report import report_sweep
 
         report = report_sweep(runs_path, out / "report")
         console.print(f"report → {report.out_dir / 'index.html'}\n"

@@ -25,13 +25,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sweep.commands._shared import add_submit_options, add_top_argument, shortlist_top
 from sweep.economy import STRATEGIES
 from sweep.errors import UserError
+from sweep.plan_file import budget_cap, driver_settings
 
 if TYPE_CHECKING:
     from sweep.driver import SearchOptions
-    from sweep.spec import DriverSettings, Spec
-    from sweep.tracker import SubmitReport, Tracker
+    from sweep.tracker import Tracker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,94 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_submit_options(parser)
 
 
-def add_submit_options(parser: argparse.ArgumentParser) -> None:
-    """Options shared with `sweep resume`."""
-    parser.add_argument("--dry-run", action="store_true",
-                        help="print the sbatch command lines; submit nothing")
-    parser.add_argument("--max-running", type=positive, default=None, metavar="N",
-                        help="at most N tasks of each array run at once (--array=...%%N); "
-                             "default: no limit")
-    parser.add_argument("--hold", action="store_true",
-                        help="submit held (release with `scontrol release JOBID`)")
-    parser.add_argument("--no-preflight", action="store_true",
-                        help="skip the preflight job (sweep.preflight) that checks, before the "
-                             "first array, that the runs' interpreter, framework, GPUs and the "
-                             "shared sweep folder work on the target partition")
-    parser.add_argument("--preflight-timeout", type=float, default=600.0, metavar="S",
-                        help="give up on the preflight after S seconds, queue wait included "
-                             "(default %(default)s)")
-    parser.add_argument("--no-report", action="store_true",
-                        help="do not collect and report on the cluster when the submitted runs "
-                             "(or the search) end")
-    parser.add_argument("--max-gpu-hours", type=positive_float, default=None, metavar="H",
-                        help="cap the sweep at H GPU-hours (spent + in flight at its time limit); "
-                             "runs that would exceed it are left out and listed in "
-                             "budget_left_out.txt (default: the spec's max_gpu_hours)")
-
-
-def ensure_preflight(folder: Path, args: argparse.Namespace) -> None:
-    """Run the preflight once per sweep and settings, unless skipped or dry; UserError when it
-    fails, before anything is submitted."""
-    if args.dry_run or args.no_preflight:
-        return
-    from sweep.preflight import PreflightError, passed_before, run_preflight, target_of
-    from sweep.render import run_dirs_of
-    from sweep.state import read_json
-
-    run_dirs = run_dirs_of(folder)
-    if not run_dirs:
-        return
-    document = read_json(run_dirs[0] / "run.json")
-    if not isinstance(document, dict) or "framework" not in document:
-        return  # not a run `sweep render` wrote (a hand-made job.sbatch): nothing to check it by
-    try:
-        target = target_of(document)
-    except ValueError as error:  # a framework or version this llm-sweep does not know
-        raise UserError(f"preflight: {run_dirs[0] / 'run.json'}: {error}") from None
-    if passed_before(folder, target):
-        return
-    print(f"preflight: one job on {dict(target.slurm).get('partition', 'the default partition')}"
-          f" checks {target.python}, {target.framework} and the sweep folder ...", flush=True)
-    try:
-        result = run_preflight(folder, target, args.preflight_timeout)
-    except PreflightError as error:
-        raise UserError(f"preflight failed: {error}") from None
-    print(f"preflight passed on {result['host']} in {result['seconds']:.1f} s "
-          f"({result['framework']['found']})")
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GPU-hours")
-    return value
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
-    return int(text)
-
-
-def add_top_argument(parser: argparse.ArgumentParser) -> None:
-    """`--top K`, the shortlist strategy's length (shared by `run`, `submit` and `replay`)."""
-    from sweep.economy import Params
-
-    parser.add_argument("--top", type=positive, default=None, metavar="K",
-                        help="shortlist: run each cell's K fastest predicted candidates, the "
-                             f"next one in place of any that fails (default {Params().top})")
-
-
-def shortlist_top(args: argparse.Namespace) -> int | None:
-    """`--top`, refused with any strategy but the shortlist (it would change nothing)."""
-    if args.top is not None and args.strategy != "shortlist":
-        raise UserError(f"--top applies to --strategy shortlist, not --strategy {args.strategy}")
-    return args.top
-
-
 def sweep_folder(target: Path, out: Path | None) -> Path:
     """The sweep folder of a SPEC (rendered now) or a DIR."""
     if target.is_dir():
@@ -155,25 +68,12 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
         return target
     if not target.is_file():
         raise UserError(f"{target}: no such spec file or sweep folder")
-    from sweep.commands.render import render_sweep
+    from sweep.render_sweep import render_sweep
 
     rendered = render_sweep(target, out)
     print(f"rendered {rendered.counts} from {rendered.plan_source} into "
           f"{rendered.out / 'runs'}")
     return rendered.out
-
-
-def print_report(report: SubmitReport, dry_run: bool) -> None:
-    if dry_run:
-        for line in report.commands:
-            print(line)
-    for batch, job_id, tasks in report.submitted:
-        print(f"batch {batch}: job array {job_id} ({tasks} task(s))")
-    if report.excluded:
-        print(f"excluding bad nodes: {','.join(report.excluded)}")
-    if report.left_over:
-        print(f"{len(report.left_over)} run(s) not submitted: no room under the cluster's job "
-              "limits (MaxJobCount/MaxSubmitJobs); run `sweep resume` later")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     tracker = Tracker(folder)
     cap = budget_cap(folder, args.max_gpu_hours)
     announce_budget(tracker, cap, args)
-    ensure_preflight(folder, args)
+    if not (args.dry_run or args.no_preflight):
+        from sweep.preflight import ensure_passed
+
+        ensure_passed(folder, args.preflight_timeout, say=lambda line: print(line, flush=True))
     if args.strategy == "exhaustive":
         return _submit_all(folder, tracker, cap, args, started)
     options = search_options(args, cap)
@@ -212,39 +115,11 @@ def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions
 
 # -- the budget -----------------------------------------------------------------------------------
 
-def budget_cap(folder: Path, given: float | None) -> float | None:
-    """--max-gpu-hours, else the spec's max_gpu_hours (from the sweep's spec.yaml), else none."""
-    if given is not None:
-        return given
-    spec = planned_spec(folder)
-    return spec.max_gpu_hours if spec is not None else None
-
-
-def planned_spec(folder: Path) -> Spec | None:
-    """The spec the sweep was planned from (its spec.yaml copy); None for a hand-made folder."""
-    from sweep.commands.plan import SPEC_COPY
-    from sweep.spec import SpecError, load_spec
-
-    if not (folder / SPEC_COPY).is_file():
-        return None
-    try:
-        return load_spec(folder / SPEC_COPY)
-    except SpecError as error:
-        raise UserError(str(error)) from None
-
-
-def driver_settings(folder: Path) -> DriverSettings:
-    from sweep.spec import DriverSettings
-
-    spec = planned_spec(folder)
-    return spec.driver if spec is not None else DriverSettings()
-
-
 def step_times(folder: Path) -> dict[str, float]:
     """The plan's predicted step time of each run (run id → seconds), where it has one."""
     import pandas as pd
 
-    from sweep.commands.plan import PLAN_FILE
+    from sweep.plan_file import PLAN_FILE
 
     path = folder / PLAN_FILE
     if not path.is_file():
@@ -290,6 +165,7 @@ def announce_budget(tracker: Tracker, cap: float | None, args: argparse.Namespac
 def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argparse.Namespace,
                 started: float) -> int:
     """One round: every run not submitted before, under the cap, then the report job."""
+    from sweep.driver import report_after
     from sweep.slurm import SlurmError
     from sweep.submission import latest_tasks
     from sweep.tracker import LEFT_OUT_FILE, submit_runs
@@ -302,10 +178,12 @@ def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argpars
             fit = tracker.fit_budget(todo, cap, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run)
-            report_job_id = report_job(folder, tracker, report, args)
+            report_job_id = (None if args.dry_run or args.no_report
+                             else report_after(folder, tracker, report))
     except SlurmError as error:
         raise UserError(str(error)) from None
-    print_report(report, args.dry_run)
+    for line in report.lines(args.dry_run):
+        print(line)
     skipped = len(seen)
     tasks = sum(t for _, _, t in report.submitted)
     verb = "would submit" if args.dry_run else "submitted"
@@ -320,18 +198,6 @@ def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argpars
         print(f"report job {report_job_id} collects and reports after the arrays end "
               f"(→ {folder / 'report' / 'index.html'})")
     return 0
-
-
-def report_job(folder: Path, tracker: Tracker, report: SubmitReport,
-               args: argparse.Namespace) -> str | None:
-    """The afterany job that collects and reports after this submission's arrays (submit's,
-    and resume's: the report is made again once the rerun runs end)."""
-    if args.dry_run or args.no_report or not report.submitted:
-        return None
-    from sweep.driver import submit_report_job
-
-    return submit_report_job(folder, driver_settings(folder), [j for _, j, _ in report.submitted],
-                             tracker.sweep_name())
 
 
 def _detach(folder: Path, tracker: Tracker, options: SearchOptions, dry_run: bool,

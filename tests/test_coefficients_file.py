@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.commands.calibrate import load_coefficients, load_prior
+from sweep.coefficients_file import load_coefficients, load_prior
 from sweep.errors import UserError
 from sweep.throughput import Coefficients
 
