@@ -35,6 +35,7 @@ import pandas as pd
 
 from sweep import self_calibration, space
 from sweep.calibrate import with_predictions
+from sweep.collect import RUNS_FILE
 from sweep.economy import Replanned
 from sweep.plan_file import PLAN_FILE
 from sweep.render import render_runs
@@ -43,7 +44,6 @@ from sweep.state import append_jsonl, atomic_write_json, atomic_write_with, read
 from sweep.throughput import Coefficients
 
 ROUNDS_FILE: Final = "calibration_rounds.jsonl"
-RUNS_FILE: Final = "runs.parquet"
 MEMORY_RULE: Final = f"pruned:{space.RULE_NAMES[-1]}"
 # What identifies a plan row apart from its status: two plans of one spec list the same rows.
 ROW_KEY: Final = ("model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",

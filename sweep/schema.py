@@ -13,8 +13,6 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from sweep.units import GiB as GIB  # noqa: F401 - re-exported: callers import sweep.schema.GIB
-
 SCHEMA_VERSION: Final = 1
 
 OUTCOMES: Final = ("completed", "oom", "hang", "timeout", "crashed", "node_fail", "cancelled",

@@ -14,9 +14,10 @@ from sweep import catalog, flops
 from sweep.cli import main
 from sweep.commands.calibrate import completed_groups
 from sweep.playbook_import import PlaybookFormatError, import_playbook
-from sweep.schema import GIB, to_table
+from sweep.schema import to_table
 from sweep.spec import load_spec
 from sweep.throughput import MEASURED_INTER_NODE
+from sweep.units import GiB as GIB
 
 
 @pytest.fixture(scope="module")
