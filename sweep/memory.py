@@ -41,7 +41,8 @@ from sweep.model import ModelShape, count_parameters, mlp_kind
 from sweep.units import GiB
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
-           "split_stages", "stage_layer_counts", "stage_block_counts", "STAGE_SPLITS"]
+           "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
+           "STAGE_SPLITS"]
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
                      "fragmentation", "overhead")
@@ -126,12 +127,13 @@ def _even_split(layers: int, pp: int, embedding_blocks: int, head_blocks: int
     return tuple(out)
 
 
-def _megatron_extra(layers: int, pp: int) -> int:
+def megatron_extra_layers(layers: int, stages: int) -> int | None:
     """How many of the loss and the embedding Megatron counts as a layer in its even split: the
     fewest of 0, 1 (--account-for-loss-in-pipeline-split) and 2 (and
     --account-for-embedding-in-pipeline-split) that make the layers divide, as
-    templates/launch/megatron.args renders them (0 where none does: the planner's rule prunes it)."""
-    return next((extra for extra in (0, 1, 2) if (layers + extra) % pp == 0), 0)
+    templates/launch/megatron.args renders them; None where none does (Megatron refuses the
+    split, and the adapter's `pipeline_fits` prunes it)."""
+    return next((extra for extra in (0, 1, 2) if (layers + extra) % stages == 0), None)
 
 
 def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int], ...]:
@@ -144,7 +146,7 @@ def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int
       `generate_llm_fqn_per_model_part` with its default pipeline_parallel_first/last_stage_less_layers
       of 1, torchtitan/distributed/pipeline_parallel.py; DeepSpeed's "type:transformer|embedding");
     - "megatron": Megatron-LM's even split, counting the loss and then the embedding as a layer
-      where the layers alone do not divide (`_megatron_extra`).
+      where the layers alone do not divide (`megatron_extra_layers`).
     """
     if split == "cost":
         return _cost_split(model, pp)
@@ -153,7 +155,7 @@ def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int
     if split == "embedding_blocks":
         return _even_split(model.num_layers, pp, 1, 1)
     if split == "megatron":
-        extra = _megatron_extra(model.num_layers, pp)
+        extra = megatron_extra_layers(model.num_layers, pp) or 0
         return _even_split(model.num_layers, pp, 1 if extra == 2 else 0, 1 if extra >= 1 else 0)
     raise ValueError(f"unknown stage split {split!r}; known: {', '.join(STAGE_SPLITS)}")
 

@@ -90,7 +90,12 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.flops import DEFAULT_CONVENTION, flops_per_token
+from sweep.flops import (
+    DEFAULT_CONVENTION,
+    core_attention_flops_per_token,
+    flops_per_token,
+    layer_flops_per_token,
+)
 from sweep.hardware import GpuSpec
 from sweep.model import ModelShape, count_parameters
 from sweep.traffic import DTYPE_BYTES, FUSED, Traffic
@@ -283,16 +288,15 @@ def _stage_split(shape: ModelShape, seq_len: int, pp: np.ndarray, recompute: np.
     vocab/(4h + 3F) layers; Megatron and the others split the layers evenly), the LM head on the
     last stage."""
     params = count_parameters(shape)
-    attention_core = 12.0 * shape.q_dim * seq_len
-    active_per_layer = (params.attention_per_layer + params.mlp_active_per_layer
-                        + params.norms_per_layer)
-    layer = 6.0 * active_per_layer + attention_core
-    # Recomputation repeats the forward (1/3 of training FLOPs) of what it recomputes.
+    L = shape.num_layers
+    attention_core = core_attention_flops_per_token(shape, seq_len, "full_attention") / L
+    layer = layer_flops_per_token(shape, seq_len, "full_attention") / L
+    # Recomputation repeats the forward (1/3 of training FLOPs) of what it recomputes, as
+    # `sweep.flops.hardware_flops_per_token` counts it.
     extra = np.select([recompute == "full", recompute == "selective"],
                       [layer / 3.0, attention_core / 3.0], 0.0)
     layer_f = layer + extra
     head_f = 6.0 * shape.vocab_size * shape.hidden_size
-    L = shape.num_layers
     total = L * layer_f + head_f
     stage_f = np.array(total, dtype=float, copy=True)
     layer_b = np.broadcast_to(np.asarray(layer_bytes, dtype=float), pp.shape)

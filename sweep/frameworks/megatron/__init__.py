@@ -5,6 +5,7 @@ from __future__ import annotations
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.megatron import capabilities
 from sweep.frameworks.megatron.parser import MegatronParser
+from sweep.memory import megatron_extra_layers
 from sweep.model import ModelShape
 
 
@@ -12,8 +13,7 @@ def pipeline_fits(model: ModelShape, stages: int) -> bool:
     """Megatron splits the layers evenly over the stages, optionally counting the loss, then the
     embedding too, as one layer each (--account-for-loss/embedding-in-pipeline-split, which
     launch/megatron.args renders when needed)."""
-    layers = model.num_layers
-    return stages <= layers and any((layers + extra) % stages == 0 for extra in (0, 1, 2))
+    return stages <= model.num_layers and megatron_extra_layers(model.num_layers, stages) is not None
 
 
 ADAPTER = FrameworkAdapter(
