@@ -49,7 +49,14 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.oom_rules import CELL, OomRules, cell_keys, layout_keys, memory_components
+from sweep.oom_rules import (
+    CELL,
+    OomRules,
+    cell_keys,
+    joined_key,
+    layout_keys,
+    memory_components,
+)
 from sweep.throughput import (
     Coefficients,
     Workload,
@@ -330,7 +337,7 @@ def _shortlist(state: _State, predicted: pd.Series, prior: Coefficients) -> Sear
 def _adaptive(state: _State, model: Predictor) -> Search:
     p = state.params
     cols = [c for c in FAMILY if c in state.candidates]
-    family = state.cells + "|" + state.candidates[cols].astype(str).agg("|".join, axis=1)
+    family = state.cells + "|" + joined_key(state.candidates, cols)
     closed: dict[str, int] = {}
     bound: dict[str, float] = {}
     forced: dict[str, int] = {}

@@ -11,6 +11,7 @@ completed (high TP shards less of the activations than it assumes), so that rule
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -31,9 +32,23 @@ PLANNER_MEMORY: Final = tuple(f"mem_{c}_bytes" for c in ("weights", "gradients",
                                                          "activations", "logits"))
 
 
+def joined_key(frame: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """Per row, the string values of `columns` joined by "|": one hashable key per row.
+
+    Built column by column, not with a row-wise ``agg("|".join, axis=1)``, which builds a Series
+    per row: over a 13,000-candidate plan that was a second per call, and a replay calls it for
+    every search it runs."""
+    if not columns:
+        raise ValueError("a key needs at least one column")
+    key = frame[columns[0]].astype(str)
+    for column in columns[1:]:
+        key = key + "|" + frame[column].astype(str)
+    return key
+
+
 def cell_keys(frame: pd.DataFrame) -> pd.Series:
     """Per candidate, its cell as one key: "model|nodes"."""
-    return frame[list(CELL)].astype(str).agg("|".join, axis=1)
+    return joined_key(frame, CELL)
 
 
 def memory_components(frame: pd.DataFrame, work: Workload) -> pd.DataFrame:
@@ -64,7 +79,7 @@ def memory_components(frame: pd.DataFrame, work: Workload) -> pd.DataFrame:
 def layout_keys(frame: pd.DataFrame) -> pd.Series:
     """Per candidate, its cell and layout apart from the micro-batch split (`LAYOUT_KEY`)."""
     cols = [c for c in LAYOUT_KEY if c in frame]
-    return frame[list(CELL) + cols].astype(str).agg("|".join, axis=1)
+    return joined_key(frame, [*CELL, *cols])
 
 
 # Least memory first: recomputing more keeps fewer activations; sequence parallelism shards what
@@ -106,7 +121,7 @@ class OomRules:
     def __init__(self, candidates: pd.DataFrame, memory: pd.DataFrame,
                  dominance: bool = False) -> None:
         base = [c for c in PROOF_BASE if c in candidates]
-        self.base = candidates[list(CELL) + base].astype(str).agg("|".join, axis=1)
+        self.base = joined_key(candidates, [*CELL, *base])
         self.order = memory_order(candidates)
         self.mbs = candidates["mbs"]
         self.cells = cell_keys(candidates)
@@ -137,4 +152,4 @@ class OomRules:
 
 
 __all__ = ["CELL", "HEURISTIC", "LAYOUT_KEY", "PLANNER_MEMORY", "PROOF", "PROOF_BASE",
-           "OomRules", "cell_keys", "layout_keys", "memory_components", "memory_order"]
+           "OomRules", "cell_keys", "joined_key", "layout_keys", "memory_components", "memory_order"]
