@@ -47,6 +47,14 @@ OVERLAP_POWER_GRID = (0.0, 2.0, 4.0, 8.0, 16.0)
 PHYSICAL_FEATURES: Final = ("memory_traffic",)
 
 
+ADAM_ITERATIONS: Final = 300
+PHI_BOUND: Final = 20.0  # θ within e^±20 of its prior
+NEWTON_STEPS: Final = 100
+NEWTON_TOLERANCE: Final = 1e-13  # largest step in φ (log θ) at which the minimum is reached
+NEWTON_MAX_STEP: Final = 1.0  # at most a factor e per coefficient and step: a few runs leave
+# directions the ridge alone curves, where a full Newton step overshoots
+
+
 @dataclass(frozen=True)
 class Fit:
     coefficients: Coefficients
@@ -56,16 +64,23 @@ class Fit:
 
 
 def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = Coefficients(),
-               fixed: tuple[str, ...] = PHYSICAL_FEATURES, iterations: int = 3000, delta: float = 0.05,
-               ridge: float = 1e-4, inter_scaling: float = 0.0,
+               fixed: tuple[str, ...] = PHYSICAL_FEATURES, iterations: int = ADAM_ITERATIONS,
+               delta: float = 0.05, ridge: float = 1e-4, inter_scaling: float = 0.0,
                overlap_power: float = 0.0) -> Coefficients:
     """Coefficients for a feature matrix and measured step times (seconds).
 
-    Minimises the mean pseudo-Huber loss of log(predicted / measured) over θ = prior · exp(φ),
-    by Adam on φ: the loss is symmetric in over- and under-prediction, robust to the runs that a
-    sick node or a congested fabric slowed down tenfold, and θ stays positive (every term is a
-    time). `fixed` features keep their prior. A weak ridge on φ keeps a term the data cannot see
-    (say, no PP runs) at its physical prior instead of letting it drift.
+    Minimises the mean pseudo-Huber loss of log(predicted / measured) over θ = prior · exp(φ):
+    the loss is symmetric in over- and under-prediction, robust to the runs that a sick node or
+    a congested fabric slowed down tenfold, and θ stays positive (every term is a time). `fixed`
+    features keep their prior. A weak ridge on φ keeps a term the data cannot see (say, no PP
+    runs) at its physical prior instead of letting it drift.
+
+    Adam (`iterations` steps) brings φ near the minimum from any start; Newton's method then
+    solves for the minimum itself (`_newton`). Adam alone stops wherever its last step left it:
+    on the playbook's runs 3,000 steps left some coefficients 0.4 % from the minimum, and a
+    change of one unit in the last place of the inputs (another CPU's exp and log, another
+    NumPy) moved them by as much, so the committed fit could not be reproduced elsewhere. The
+    minimum does not depend on the path, so the fit reproduces to about 1e-12.
     """
     if len(step_time) < MIN_ROWS:
         raise ValueError(f"calibration needs at least {MIN_ROWS} completed runs, "
@@ -76,29 +91,113 @@ def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = C
     if np.any(prior_v <= 0):
         raise ValueError("calibration: prior coefficients must be positive")
     free = np.array([name not in fixed for name in FEATURES], dtype=float)
-    x = feats * prior_v  # θ_k = prior_k · exp(φ_k)
-    log_t = np.log(step_time)
+    loss = _Loss(feats * prior_v, np.log(step_time), free, overlap_power, delta, ridge)
     phi = np.zeros(len(FEATURES))
     # Start from the best common scale of the prior, so Adam begins near the data.
-    start, _ = combine_terms(x, overlap_power)
-    phi += free * float(np.median(log_t - np.log(np.maximum(start, 1e-12))))
+    start, _ = combine_terms(loss.x, overlap_power)
+    phi += free * float(np.median(loss.log_t - np.log(np.maximum(start, 1e-12))))
     m = np.zeros_like(phi)
     v = np.zeros_like(phi)
     rate, beta1, beta2 = 0.05, 0.9, 0.999
     for step in range(1, iterations + 1):
-        scaled = x * np.exp(phi)
-        predicted, weights = combine_terms(scaled, overlap_power)
-        predicted = np.maximum(predicted, 1e-12)
-        r = np.log(predicted) - log_t
-        psi = r / np.sqrt(r * r + delta * delta)  # derivative of the pseudo-Huber loss
-        grad = ((psi[:, None] * scaled * weights / predicted[:, None]).mean(axis=0)
-                + 2 * ridge * phi)
-        grad *= free
+        grad = loss.gradient(phi)
         m = beta1 * m + (1 - beta1) * grad
         v = beta2 * v + (1 - beta2) * grad * grad
         phi -= rate * (m / (1 - beta1**step)) / (np.sqrt(v / (1 - beta2**step)) + 1e-12)
-        phi = np.clip(phi, -20.0, 20.0)
+        phi = np.clip(phi, -PHI_BOUND, PHI_BOUND)
+    phi = _newton(loss, phi)
     return Coefficients.from_vector(prior_v * np.exp(phi), inter_scaling, overlap_power)
+
+
+@dataclass(frozen=True)
+class _Loss:
+    """The fit's objective in φ = log(θ / prior): mean √(r² + δ²) over the runs, r the log
+    error of the predicted step time, plus ridge · |φ|² (free terms only; fixed ones stay 0)."""
+
+    x: np.ndarray  # features × prior, rows × FEATURES
+    log_t: np.ndarray  # log measured step time
+    free: np.ndarray  # 1.0 for a fitted term, 0.0 for a fixed one
+    power: float
+    delta: float
+    ridge: float
+
+    def value(self, phi: np.ndarray) -> float:
+        r = self._residuals(phi)[0]
+        return float(np.mean(np.sqrt(r * r + self.delta * self.delta))
+                     + self.ridge * np.sum(phi * phi))
+
+    def gradient(self, phi: np.ndarray) -> np.ndarray:
+        r, scaled, weights, predicted = self._residuals(phi)
+        psi = r / np.sqrt(r * r + self.delta * self.delta)  # derivative of the loss in r
+        grad = ((psi[:, None] * scaled * weights / predicted[:, None]).mean(axis=0)
+                + 2 * self.ridge * phi)
+        return grad * self.free
+
+    def _residuals(self, phi: np.ndarray) -> tuple[np.ndarray, ...]:
+        scaled = self.x * np.exp(phi)
+        predicted, weights = combine_terms(scaled, self.power)
+        predicted = np.maximum(predicted, 1e-12)
+        return np.log(predicted) - self.log_t, scaled, weights, predicted
+
+
+def _newton(loss: _Loss, phi: np.ndarray) -> np.ndarray:
+    """The minimum of `loss` near `phi`, by Newton's method on the free terms with a
+    backtracking line search (`_step_length`)."""
+    index = np.flatnonzero(loss.free)
+    if not len(index):
+        return phi
+    for _ in range(NEWTON_STEPS):
+        step = _newton_direction(loss, phi, index)
+        t = _step_length(loss, phi, step, index)
+        if t is None:
+            break  # no step descends: φ is the minimum to the loss's rounding
+        phi = np.clip(phi + t * step, -PHI_BOUND, PHI_BOUND)
+        if np.max(np.abs(t * step)) <= NEWTON_TOLERANCE:
+            break
+    return phi
+
+
+def _newton_direction(loss: _Loss, phi: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """−H⁻¹g on the free terms, at most `NEWTON_MAX_STEP` in any. H is the central difference
+    of the exact gradient: its accuracy sets how fast Newton converges, the gradient's zero sets
+    where. Where H is not positive definite it is shifted until it is, so the step descends."""
+    grad = loss.gradient(phi)[index]
+    h = 1e-5
+    hess = np.empty((len(index), len(index)))
+    for j, k in enumerate(index):
+        e = np.zeros_like(phi)
+        e[k] = h
+        hess[:, j] = (loss.gradient(phi + e)[index] - loss.gradient(phi - e)[index]) / (2 * h)
+    hess = (hess + hess.T) / 2
+    shift = 0.0
+    while True:
+        try:
+            np.linalg.cholesky(hess + shift * np.eye(len(index)))
+            break
+        except np.linalg.LinAlgError:
+            shift = max(2 * shift, 1e-8)
+    step = np.zeros_like(phi)
+    step[index] = -np.linalg.solve(hess + shift * np.eye(len(index)), grad)
+    return step * min(1.0, NEWTON_MAX_STEP / max(float(np.max(np.abs(step))), 1e-300))
+
+
+def _step_length(loss: _Loss, phi: np.ndarray, step: np.ndarray, index: np.ndarray
+                 ) -> float | None:
+    """The first of 1, 1/2, 1/4, … whose step lowers the loss enough (Armijo), or None. Near
+    the minimum the loss changes by less than its rounding, so a tiny full step is also taken
+    where it shrinks the gradient."""
+    current = loss.value(phi)
+    slope = float(loss.gradient(phi)[index] @ step[index])
+    if np.max(np.abs(step)) < 1e-6 and (np.max(np.abs(loss.gradient(phi + step)[index]))
+                                         < np.max(np.abs(loss.gradient(phi)[index]))):
+        return 1.0
+    t = 1.0
+    while t > 1e-12:
+        value = loss.value(phi + t * step)
+        if np.isfinite(value) and value <= current + 1e-4 * t * slope:
+            return t
+        t /= 2
+    return None
 
 
 def observed_step_time(frame: pd.DataFrame, seq_len: int, tokens_per_s_per_gpu: str) -> np.ndarray:
@@ -325,7 +424,7 @@ def describe_default_prior(spec: Spec) -> str:
 
 
 # How far outside the fitted model sizes `describe_default_prior` still stays quiet: the 3B,
-# between the fitted 1B and 8B, was predicted within 12 % (median 4.2 %, `sweep.unseen_models`).
+# between the fitted 1B and 8B, was predicted within 12 % (median 5.2 %, `sweep.unseen_models`).
 EXTRAPOLATION: Final = 1.5
 
 

@@ -145,6 +145,17 @@ def competing(n: int) -> tuple[str, ...]:
     return METHODS if smallest_training_fold >= MIN_ROWS else ("prior", "scaled")
 
 
+# Cross-validated errors closer than this are a tie (rounding, not evidence): runs that a scale
+# of the prior explains exactly leave the scale and the refit both at about 1e-16.
+TIE: Final = 1e-9
+
+
+def _simplest_best(scores: dict[str, float]) -> str:
+    """The simplest method (`METHODS` order) whose error is within `TIE` of the smallest."""
+    best = min(scores.values())
+    return next(m for m in METHODS if m in scores and scores[m] <= best + TIE)
+
+
 def self_calibrate(groups: Sequence[tuple[pd.DataFrame, Workload]], prior: Coefficients,
                    column: str = "tokens_per_s_per_gpu") -> SelfCalibration:
     """Calibrate `prior` on the completed runs of `groups` (runs of each model with its
@@ -160,8 +171,7 @@ def self_calibrate(groups: Sequence[tuple[pd.DataFrame, Workload]], prior: Coeff
         raise ValueError("the runs' measured throughputs must be positive and finite")
     scores = {m: cross_validated_log_error(FITTERS[m], prior, feats, step_time)
               for m in competing(len(step_time))}
-    method = (min(scores, key=lambda m: (scores[m], METHODS.index(m))) if scores
-              else "scaled")
+    method = _simplest_best(scores) if scores else "scaled"
     coefficients = FITTERS[method](prior, feats, step_time)
     errors = np.abs(step_time / predict_step(feats, coefficients) - 1.0)  # of tokens/s/GPU
     return SelfCalibration(coefficients, prior, method, scale_factor(prior, feats, step_time),
