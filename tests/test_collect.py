@@ -342,7 +342,7 @@ def test_collect_reads_what_the_real_job_writes(tmp_path, repo_root) -> None:
 
 
 def test_sacct_entries_become_rows_that_decide_a_killed_attempt(tmp_path) -> None:
-    from sweep.commands.collect import acct_rows
+    from sweep.collect_folder import acct_rows
     from sweep.slurm import SEP, parse_sacct
 
     run_dir = write_run(tmp_path, make_config())
