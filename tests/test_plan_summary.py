@@ -7,6 +7,7 @@ import pandas as pd
 
 from sweep.plan_summary import memory_verdicts
 from sweep.spec import parse_spec
+from sweep.units import GiB
 
 
 def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -> None:
@@ -14,8 +15,7 @@ def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -
     prediction a little over the budget may fit (a probe), one a little under it may not."""
     spec = parse_spec("name: band\nframework: builtin\ngpu: cpu\ngpu_memory_gb: 1\n"
                       "models: [tiny-4l]\nnodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
-    gib = 2**30
-    reserved = [0.5 * gib, 0.9 * gib, 1.1 * gib, 1.3 * gib, None]
+    reserved = [0.5 * GiB, 0.9 * GiB, 1.1 * GiB, 1.3 * GiB, None]
     frame = pd.DataFrame({
         "status": ["kept", "kept", "kept", "pruned:memory", "pruned:tp_heads"],
         "mem_reserved_bytes": reserved, "mem_total_bytes": reserved,
