@@ -2,21 +2,39 @@
 
 `analysis.report.write_report` draws from a runs table and the frames it is given; this reads
 them where a sweep keeps them: runs.parquet, and beside it the plan (why cells never ran) and a
-search's per-cell progress, when there. `sweep report` and `sweep run` (after collecting) both
-make a sweep's report this way, so it lives here rather than in one of those commands.
+search's per-cell progress, when there. `sweep report`, `sweep run` (after collecting) and the
+end of a detached sweep on the cluster (`sweep.driver.collect_and_report`) all make a sweep's
+report this way, so it lives here rather than in one of those commands; `sweep report` and the
+detached sweep's end also find the runs.parquet and say what the report holds in the same way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Final
 
 import pandas as pd
 
 from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC
 from analysis.report import Report, write_report
+from sweep.collect import RUNS_FILE
 from sweep.errors import UserError
 from sweep.live_search import SEARCH_PROGRESS_FILE
 from sweep.plan_file import PLAN_FILE
+
+# The flag kinds a report's summary prints one by one; every flag is in index.html.
+PRINTED_FLAGS: Final = ("failed-check", "best-config-changes", "basis", "mfu-above-1",
+                        "convention-mismatch", "not-ranked")
+
+
+def runs_file(source: Path) -> Path:
+    """The runs.parquet to report on: a sweep directory's own, or the file given; a UserError
+    that says what to do when there is none."""
+    path = source / RUNS_FILE if source.is_dir() else source
+    if not path.is_file():
+        hint = "run `sweep collect` first" if source.is_dir() else "pass a sweep directory or a runs.parquet"
+        raise UserError(f"{path}: no such file; {hint}")
+    return path
 
 
 def report_sweep(path: Path, out: Path | None = None, metric: str | None = None,
@@ -37,3 +55,19 @@ def report_sweep(path: Path, out: Path | None = None, metric: str | None = None,
                             search=search)
     except ValueError as error:
         raise UserError(f"{path}: {error}") from None
+
+
+def report_summary(report: Report) -> list[str]:
+    """What a report holds, for the user: attempts, cells with a best configuration, flags and
+    where index.html is; then its notes, and the PRINTED_FLAGS with their messages cut to one
+    line."""
+    winners = int(report.best["run_id"].notna().sum())
+    lines = [f"{report.attempts} attempt(s), {winners}/{len(report.best)} cells with a best "
+             f"configuration, {len(report.flags)} flag(s) → {report.out_dir / 'index.html'}"]
+    lines += [f"  note: {note}" for note in report.notes]
+    for flag in report.flags:
+        if flag.kind in PRINTED_FLAGS:
+            where = flag.model + (f" × {flag.nodes} nodes" if flag.nodes is not None else "")
+            lines.append(f"  {flag.kind} ({where}): "
+                         f"{flag.message[:160]}{'…' if len(flag.message) > 160 else ''}")
+    return lines

@@ -130,12 +130,46 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
 
 
 def collect_and_report(folder: str | Path) -> int:
-    """`sweep collect DIR --sacct` then `sweep report DIR`, on the cluster: the end of a detached
-    sweep (the driver's last step, or the report job after a one-round sweep's arrays)."""
-    from sweep.cli import main
+    """What `sweep collect DIR --sacct` then `sweep report DIR` do, on the cluster: the end of a
+    detached sweep (the driver's last step, or the report job after a one-round sweep's arrays).
+    It prints what those commands print and returns their exit code (see `_exit_code`); the
+    report is not made when the collection failed."""
+    folder = Path(folder)
+    code = _exit_code("collect", lambda: _collect_with_sacct(folder))
+    return code or _exit_code("report", lambda: _write_report(folder))
 
-    code = main(["collect", str(folder), "--sacct"])
-    return code or main(["report", str(folder)])
+
+def _collect_with_sacct(folder: Path) -> None:
+    from sweep.collect_folder import collect_folder, collect_summary
+
+    result, out = collect_folder(folder, sacct=True)
+    for line in collect_summary(result, out):
+        print(line)
+
+
+def _write_report(folder: Path) -> None:
+    from analysis.sweep_report import report_summary, report_sweep, runs_file
+
+    for line in report_summary(report_sweep(runs_file(folder))):
+        print(line)
+
+
+def _exit_code(command: str, step: Callable[[], None]) -> int:
+    """0, or the code `sweep COMMAND` exits with when its step fails in a way it knows: 2 for
+    an error in the user's input, said in one line on stderr, 130 when interrupted; any other
+    error propagates, as it would from the command. `sweep.cli.main` maps errors the same way;
+    it is not called from here because domain code does not import the command line."""
+    from sweep.spec import SpecError
+
+    try:
+        step()
+    except (UserError, SpecError) as error:
+        print(f"sweep {command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sweep {command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
 
 
 # -- the guard: one driver per sweep ------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from sweep import bloom_reference as bloom
 from sweep.catalog import get_gpu
-from sweep.units import MiB
+from sweep.units import GiB, MiB
 
 A100_BYTES = get_gpu(bloom.GPU).memory_bytes
 
@@ -86,7 +86,7 @@ def test_the_bf16_optimizer_s_fp32_gradients_are_why_the_184b_ran_out(judged: pd
     assert float(ran_out.pred_total_bytes.iloc[0]) > float(ran.pred_total_bytes.iloc[0])
     without = bloom.BloomRuns(runs.frame.assign(bf16_optimizer=False), {})
     again = bloom.judge(without).loc[ran_out.index]
-    assert float(again.pred_total_bytes.iloc[0]) < float(ran.pred_total_bytes.iloc[0]) - 10 * 2**30
+    assert float(again.pred_total_bytes.iloc[0]) < float(ran.pred_total_bytes.iloc[0]) - 10 * GiB
 
 
 def test_the_peaks_are_predicted_within_the_issue_s_p90_and_low_by_a_steady_margin(

@@ -22,6 +22,7 @@ from sweep.collect import collect_sweep, job_ids, read_runs
 from sweep.layout import Layout
 from sweep.runconfig import RunConfig
 from sweep.state import METRICS_FILE, RUN_FILE, STATUS_FILE, atomic_write_json
+from sweep.units import GiB, MiB
 
 SHAPE = catalog.get_model("playbook-1b")
 PEAK = 989.5e12  # catalog h100-sxm bf16
@@ -342,7 +343,7 @@ def test_collect_reads_what_the_real_job_writes(tmp_path, repo_root) -> None:
 
 
 def test_sacct_entries_become_rows_that_decide_a_killed_attempt(tmp_path) -> None:
-    from sweep.commands.collect import acct_rows
+    from sweep.collect_folder import acct_rows
     from sweep.slurm import SEP, parse_sacct
 
     run_dir = write_run(tmp_path, make_config())
@@ -378,8 +379,8 @@ def test_a_multi_node_megatron_attempt_takes_steps_from_one_node_and_memory_from
     (row,) = collect_sweep(tmp_path).table.to_pylist()
     parsed = get_parser("megatron").parse_file(attempt / "logs" / "node1.out")
     assert parsed.steps and row["last_step"] == parsed.last_step
-    assert row["mem_reserved_bytes"] == 71000 * 2**20
-    assert row["mem_allocated_bytes"] == 60000 * 2**20
+    assert row["mem_reserved_bytes"] == 71000 * MiB
+    assert row["mem_allocated_bytes"] == 60000 * MiB
 
 
 def test_an_array_task_sacct_still_shows_by_its_master_id_is_read_from_that_row(tmp_path) -> None:
@@ -440,8 +441,8 @@ def test_collect_records_the_figures_of_an_oom_attempt(tmp_path: Path) -> None:
     assert main(["collect", str(tmp_path)]) == 0
     row = pd.read_parquet(tmp_path / "runs.parquet").iloc[0]
     assert row["outcome"] == "oom"
-    assert row["mem_oom_needed_bytes"] == round(131.85 * 2**30) + 8 * 2**30
-    assert row["mem_outside_allocator_bytes"] == pytest.approx(1.29 * 2**30, rel=0.01)
+    assert row["mem_oom_needed_bytes"] == round(131.85 * GiB) + 8 * GiB
+    assert row["mem_outside_allocator_bytes"] == pytest.approx(1.29 * GiB, rel=0.01)
 
 
 
@@ -473,9 +474,9 @@ def test_an_oom_attempt_keeps_the_larger_of_its_sampled_and_its_message_s_overhe
     status = {**completed_status(config.run_id), "outcome": "oom", "reason": "cuda_oom",
               "evidence": [H200_OOM]}
     write_attempt(write_run(tmp_path, config), 1, times=[0.5], status=status,
-                  summary={**SUMMARY, "mem_outside_allocator_bytes": 2 * 2**30})
+                  summary={**SUMMARY, "mem_outside_allocator_bytes": 2 * GiB})
     (row,) = collect_sweep(tmp_path).table.to_pylist()
-    assert row["mem_outside_allocator_bytes"] == 2 * 2**30  # the message says 1.29 GiB
+    assert row["mem_outside_allocator_bytes"] == 2 * GiB  # the message says 1.29 GiB
 
 
 def test_a_runs_parquet_written_before_a_column_was_added_is_recomputed(tmp_path: Path) -> None:

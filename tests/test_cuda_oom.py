@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sweep import cuda_oom
+from sweep.units import GiB, MiB
 
-GIB, MIB = 1 << 30, 1 << 20
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 # Our own runs on an H200 (tests/fixtures/cuda/README.md), verbatim: the 3B at micro-batch 4, and
@@ -26,17 +26,17 @@ TORCH_2_0 = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate
 def test_the_newer_wording_gives_the_need_and_the_memory_outside_the_allocator() -> None:
     figures = cuda_oom.parse(H200)
     assert figures is not None
-    assert figures.needed_bytes == round(131.85 * GIB) + 8 * GIB
-    assert figures.outside_allocator_bytes == round(134.88 * GIB) - round(131.85 * GIB) - round(1.74 * GIB)
+    assert figures.needed_bytes == round(131.85 * GiB) + 8 * GiB
+    assert figures.outside_allocator_bytes == round(134.88 * GiB) - round(131.85 * GiB) - round(1.74 * GiB)
     capped = cuda_oom.parse(H200_CAPPED)
-    assert capped is not None and capped.requested_bytes == 256 * MIB
-    assert capped.outside_allocator_bytes == pytest.approx(1.21 * GIB, rel=0.01)
+    assert capped is not None and capped.requested_bytes == 256 * MiB
+    assert capped.outside_allocator_bytes == pytest.approx(1.21 * GiB, rel=0.01)
 
 
 def test_the_older_wording_gives_the_need_only() -> None:
     figures = cuda_oom.parse(TORCH_2_0)
     assert figures is not None
-    assert figures.needed_bytes == round(76.25 * GIB) + round(1.5 * GIB)
+    assert figures.needed_bytes == round(76.25 * GiB) + round(1.5 * GiB)
     assert figures.outside_allocator_bytes is None
 
 
@@ -49,7 +49,7 @@ def test_every_published_oom_log_gives_its_figures(name: str) -> None:
     assert figures is not None
     assert figures.needed_bytes > figures.allocated_bytes > 0
     outside = figures.outside_allocator_bytes
-    assert outside is None or 0 < outside < 4 * GIB
+    assert outside is None or 0 < outside < 4 * GiB
 
 
 def test_text_that_is_not_an_oom_gives_nothing() -> None:

@@ -27,6 +27,7 @@ from sweep.driver import (
     PROGRESS_FILE,
     DriverView,
     SearchDriver,
+    collect_and_report,
     driver_state,
     is_the_sweeps_driver,
     may_start_driver,
@@ -106,6 +107,30 @@ def test_a_detached_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.Captu
     assert f"worst case {RUNS * RUN_UPPER_GPU_HOURS:.2f}" in shown
     assert "would submit the pruned search driver" in shown
     assert not read_record(out) and not (out / "ledger.jsonl").exists()
+
+
+def test_the_end_of_a_detached_sweep_collects_and_reports_as_the_two_commands_do(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """collect_and_report calls what `sweep collect DIR --sacct` and `sweep report DIR` call:
+    the same files, the same lines, the same exit code (two copies of one sweep folder)."""
+    import shutil
+
+    from tests.test_collect import completed_status, make_config, write_attempt, write_run
+
+    by_commands, by_driver = tmp_path / "commands", tmp_path / "driver"
+    run_dir = write_run(by_commands, make_config())
+    write_attempt(run_dir, 1, times=[0.5] * 5,  # no job id: --sacct has no job to ask about
+                  status={**completed_status(run_dir.name), "slurm_job_id": None})
+    shutil.copytree(by_commands, by_driver)
+    assert main(["collect", str(by_commands), "--sacct"]) == 0
+    assert main(["report", str(by_commands)]) == 0
+    printed = capsys.readouterr()
+    assert collect_and_report(by_driver) == 0
+    assert capsys.readouterr() == (printed.out.replace(str(by_commands), str(by_driver)), printed.err)
+    for folder in (by_commands, by_driver):
+        assert (folder / "runs.parquet").is_file() and (folder / "report" / "index.html").is_file()
+    assert sorted(p.name for p in (by_driver / "report").iterdir()) == \
+        sorted(p.name for p in (by_commands / "report").iterdir())
 
 
 def test_a_report_that_fails_ends_the_search_all_the_same_and_status_says_so(

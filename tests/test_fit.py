@@ -29,6 +29,7 @@ from sweep.memory_profiles import (
 )
 from sweep.spec import Spec, load_spec
 from sweep.state import file_sha256
+from sweep.units import GiB
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +268,7 @@ def test_published_configurations_fit_under_every_fold(
 # ------------------------------------------------------------------ the interval (no reference data)
 
 def test_the_interval_holds_the_point_and_widens_with_the_band() -> None:
-    predicted = np.array([10.0, 20.0, 40.0]) * (1 << 30)
+    predicted = np.array([10.0, 20.0, 40.0]) * GiB
     low, high = reserved_interval(predicted, (-0.2, 0.1))
     assert np.all(low < predicted) and np.all(predicted < high)
     assert np.allclose(low, predicted / 1.1) and np.allclose(high, predicted / 0.8)

@@ -16,6 +16,7 @@ import pytest
 from sweep import fit, fit_reference, memcheck, memory
 from sweep.cli import main
 from sweep.spec import Spec, load_spec
+from sweep.units import GiB, MiB
 
 CHARTS = "playbook_runs_1B_8B.csv"
 FULL = "playbook_bench_full_1B_8B.csv"
@@ -190,7 +191,7 @@ def test_the_tensor_parallel_tail_of_the_reserved_error_is_an_old_nanotron_versi
     reserved far more than the model predicts; the same layouts made later do not."""
     raw = pd.read_csv(refdata / FULL)
     judged = memcheck.judge(memcheck.read_memory_runs(refdata / FULL, playbook), playbook)
-    assert judged["reserved_bytes"].equals(raw["Mem Res (GB)"] * 2**30)  # row for row
+    assert judged["reserved_bytes"].equals(raw["Mem Res (GB)"] * GiB)  # row for row
     ok = (judged.outcome == "success") & judged.pred_reserved_bytes.notna()
     signed = judged.pred_reserved_bytes / judged.reserved_bytes - 1
     wide = ok & (judged.pp == 1) & (judged.tp >= 16)
@@ -199,7 +200,7 @@ def test_the_tensor_parallel_tail_of_the_reserved_error_is_an_old_nanotron_versi
     assert signed[early].median() < -0.25 < 0.0 < signed[late].median() < 0.15
     one_layout = judged[ok & (judged.model == "playbook-1b") & (judged.tp == 32)
                         & (judged.pp == 1) & (judged.mbs == 64)]
-    by_job = one_layout.reserved_bytes.groupby(raw.job_id[one_layout.index]).first() / 2**30
+    by_job = one_layout.reserved_bytes.groupby(raw.job_id[one_layout.index]).first() / GiB
     assert by_job[13441891] == pytest.approx(51.8, abs=0.05)
     assert by_job[14113529] == pytest.approx(26.3, abs=0.05)
 
@@ -229,8 +230,6 @@ def test_the_missed_ooms_and_the_lost_successes_fall_on_either_side_of_that_vers
 
 
 # ------------------------------------------------------------------ a sweep's own runs.parquet
-
-GiB = 2**30
 
 
 def _attempt(**changes: object) -> dict[str, object]:
@@ -317,8 +316,8 @@ def test_the_allocator_fit_predicts_the_stage_judge_predicts(
     b = fit.basis(sweep_runs, playbook)
     assert b.measured_loaded is not None
     scored = np.isfinite(b.measured_reserved) & (b.outcome == "success")
-    for point in (fit.Allocator(0.0, 0.0, 0.0, 0), fit.Allocator(0.5, 1.0, 1.0, 1024 * 2**20),
-                  fit.Allocator(0.1, 0.4, 0.3, 192 * 2**20)):
+    for point in (fit.Allocator(0.0, 0.0, 0.0, 0), fit.Allocator(0.5, 1.0, 1.0, 1024 * MiB),
+                  fit.Allocator(0.1, 0.4, 0.3, 192 * MiB)):
         grid = np.array([[point.sequential, point.pipelined, point.logits, point.floor_bytes]])
         fast = fit._measured_reserved(b, grid, scored)[0]
         real = memcheck.judge(sweep_runs, playbook, point.apply("nanotron")).pred_reserved_bytes

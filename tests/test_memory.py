@@ -26,8 +26,8 @@ from sweep.memory import (
     stage_layer_counts,
 )
 from sweep.model import ModelShape, count_parameters
+from sweep.units import GiB
 
-GiB = 1 << 30
 ONE_B = get_model("playbook-1b")
 EIGHT_B = get_model("playbook-8b")
 MOE = ModelShape(name="tiny-moe", num_layers=8, hidden_size=1024, num_attention_heads=16, num_kv_heads=4,

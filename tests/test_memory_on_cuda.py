@@ -25,13 +25,13 @@ from sweep.catalog import get_gpu, get_model
 from sweep.layout import Layout
 from sweep.memory import estimate
 from sweep.space import memory_over
+from sweep.units import GiB
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cuda"
 # file: (completed runs, OOM runs)
 CHECKS = {"h200_builtin_runs.csv": (11, 1), "h200_builtin_runs_llama3_seq2048.csv": (6, 5),
           "h100_builtin_runs.csv": (5, 7), "h200_builtin_runs_grad_acc.csv": (2, 0),
           "h100_builtin_runs_llama1b_seq2048.csv": (4, 0)}
-GIB = float(1 << 30)
 MEDIAN_TARGET, P90_TARGET = 0.07, 0.20  # sweep.fit.TARGETS for the reserved peak
 
 
@@ -163,7 +163,7 @@ def test_an_allocated_peak_under_the_card_is_not_enough_when_the_reserve_cannot_
     h100 = same_run(pd.read_csv(FIXTURES / "h100_builtin_runs.csv"), "playbook-3b", 4, "full")
     card = get_gpu("h100-sxm").memory_bytes
     assert h200.outcome == "completed" and h100.outcome == "oom" and h100.mem_alloc_retries >= 2
-    assert h200.mem_allocated_bytes + h100.mem_outside_allocator_bytes < card - 4 * GIB
+    assert h200.mem_allocated_bytes + h100.mem_outside_allocator_bytes < card - 4 * GiB
     runs = predictions("h100_builtin_runs.csv")
     predicted = runs[(runs.model == "playbook-3b") & (runs.mbs == 4) & (runs.recompute == "full")]
     assert (predicted.reserved > card).all()

@@ -20,8 +20,8 @@ from sweep.layout import Layout
 from sweep.memory import estimate, estimate_columns, stage_block_counts
 from sweep.memory_profiles import LLMFOUNDRY, reserved_interval
 from sweep.model import ModelShape
+from sweep.units import GiB, MiB
 
-GiB = 1 << 30
 ONE_B = get_model("playbook-1b")
 EIGHT_B = get_model("playbook-8b")
 
@@ -92,8 +92,8 @@ def bench(refdata) -> pd.DataFrame:
 def test_the_h100_capacity_is_what_the_allocator_can_reach_on_the_real_80_gb_card():
     # torch.cuda.get_device_properties(0).total_memory on an H100 80GB HBM3 (driver 580.159.04),
     # 480 MiB under nvidia-smi's 81559 MiB; PyTorch's OOM message there says "79.18 GiB"
-    assert H100_BYTES == 81079 * (1 << 20)
-    assert f"{H100_BYTES / 2**30:.2f}" == "79.18"
+    assert H100_BYTES == 81079 * MiB
+    assert f"{H100_BYTES / GiB:.2f}" == "79.18"
 
 
 def test_allocated_peak_of_the_step_window_is_predicted_closely(bench):

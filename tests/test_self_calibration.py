@@ -20,8 +20,8 @@ from sweep.self_calibration import (
     replan,
 )
 from sweep.spec import load_spec
+from sweep.units import MiB
 
-MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,7 @@ from sweep.memory_profiles import reserved_interval
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import parse_spec
+from sweep.units import GiB
 
 SMALL = """
 name: small
@@ -189,12 +190,12 @@ def test_global_batch_must_split_into_whole_micro_batches() -> None:
 
 
 def test_memory_over_budget_is_pruned_and_the_first_failing_rule_wins() -> None:
-    ctx = context("playbook-8b", memory_budget_bytes=40 * 2**30)
+    ctx = context("playbook-8b", memory_budget_bytes=40 * GiB)
     columns = candidate(tp=[8, 1, 3], mbs=[1, 1, 64], grad_acc=[256, 256, 4])
     code, mem = space.evaluate(columns, ctx)
     assert [space.RULE_NAMES[c] if c >= 0 else "kept" for c in code] == \
         ["kept", "memory", "tp_heads"]
-    assert mem["mem_total_bytes"][0] <= 40 * 2**30 < mem["mem_total_bytes"][1]
+    assert mem["mem_total_bytes"][0] <= 40 * GiB < mem["mem_total_bytes"][1]
     assert mem["mem_total_bytes"][2] == -1  # not estimated: pruned before the memory rule
 
 
@@ -256,15 +257,14 @@ def test_memory_probes_off_prunes_on_the_point_estimate() -> None:
 def test_the_memory_rule_prunes_only_what_its_band_puts_over_the_limit() -> None:
     """Band −32 % .. +16 % of the prediction: a reserved peak predicted at 1.1 GiB may measure
     0.95 GiB (fits 1 GiB), one at 1.3 GiB no less than 1.125 GiB."""
-    gib = 2**30
-    mem = {"mem_reserved_bytes": np.array([0.9, 1.1, 1.3]) * gib,
+    mem = {"mem_reserved_bytes": np.array([0.9, 1.1, 1.3]) * GiB,
            "mem_overhead_bytes": np.zeros(3)}
     mem["mem_total_bytes"] = mem["mem_reserved_bytes"]
-    assert space.memory_over(mem, gib).tolist() == [False, False, True]
-    assert space.memory_over(mem, gib, probes=False).tolist() == [False, True, True]
-    with_overhead = {**mem, "mem_overhead_bytes": np.full(3, 0.1 * gib),
-                     "mem_total_bytes": mem["mem_reserved_bytes"] + 0.1 * gib}
-    assert space.memory_over(with_overhead, gib).tolist() == [False, True, True]
+    assert space.memory_over(mem, GiB).tolist() == [False, False, True]
+    assert space.memory_over(mem, GiB, probes=False).tolist() == [False, True, True]
+    with_overhead = {**mem, "mem_overhead_bytes": np.full(3, 0.1 * GiB),
+                     "mem_total_bytes": mem["mem_reserved_bytes"] + 0.1 * GiB}
+    assert space.memory_over(with_overhead, GiB).tolist() == [False, True, True]
 
 
 def test_run_ids_are_those_of_run_config(small_plan: pd.DataFrame) -> None:

@@ -6,45 +6,38 @@ spec is invalid or no plan can be made. `--explain RUN_ID` prints the memory bre
 kept configuration and writes nothing.
 
 `--calibrate-from RUNS` (a runs.parquet of this sweep's own attempts) corrects the memory model
-with the attempts' measured peaks and outcomes (`sweep.self_calibration`), calibrates the
-throughput model the plan predicts with (`--coefficients`, else DIR/throughput.json, else
-`sweep.calibrate.default_prior`) on their step times (`sweep.throughput_self_calibration`: scaled, or refitted
-where that cross-validates better), re-plans, and writes what it used to DIR/calibration.json
-and DIR/throughput.json. A later `sweep plan` of the same spec applies the recorded memory
-correction again, as it reads DIR/throughput.json; calibrating again starts from the prior that
-file records, not from its own output.
+and calibrates the throughput model on them, re-plans, and records both in DIR/calibration.json
+and DIR/throughput.json (`sweep.plan_calibration`). What is printed about the plan comes from
+`sweep.plan_summary`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
-import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from sweep import memory, self_calibration, space
-from sweep.calibrate import describe_default_prior, with_predictions
-from sweep.coefficients_file import (
-    COEFFICIENTS_FILE,
-    load_coefficients,
-    load_prior,
-    self_calibration_payload,
-    sweep_coefficients,
-)
+from sweep import self_calibration, space
+from sweep.coefficients_file import COEFFICIENTS_FILE
 from sweep.errors import UserError
-from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
+from sweep.plan_calibration import calibrate_plan
 from sweep.plan_file import PLAN_FILE, write_plan
-from sweep.runs_table import completed_groups
-from sweep.spec import Spec, load_spec
+from sweep.plan_summary import (
+    TextTable,
+    allocator_notes,
+    axes_beyond_constraints,
+    candidates_table,
+    explain,
+    framework_prunes,
+    memory_verdicts,
+    nothing_kept,
+    summary_table,
+    unmatched_overrides,
+)
+from sweep.spec import load_spec
 from sweep.state import atomic_write_text
-from sweep.throughput import Coefficients
-from sweep.throughput_self_calibration import self_calibrate
-from sweep.units import GiB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,30 +75,18 @@ def run(args: argparse.Namespace) -> int:
         console.print(explain(spec, frame, args.explain), highlight=False)
         return 0
     out = args.out if args.out is not None else Path("results") / spec.name
-    coefficients = args.coefficients or out / COEFFICIENTS_FILE
-    has_file = coefficients.is_file()
-    # a file named with --coefficients must exist; the folder's own is optional
-    throughput = (load_coefficients(args.coefficients) if args.coefficients
-                  else sweep_coefficients(out, spec))
-    files: dict[str, str] = {}  # written once the plan is
-    if args.calibrate_from is not None:
-        prior = load_prior(coefficients) if has_file else throughput
-        frame, throughput, files, calibration_lines = calibrate_from(
-            args.calibrate_from, spec, frame, prior)
-    else:
-        frame, calibration_lines = recorded_calibration(out, spec, frame)
-        source = f"coefficients from {coefficients}" if has_file else describe_default_prior(spec)
-        calibration_lines.append(f"throughput predictions: {source}")
-    frame = with_predictions(frame, spec, throughput)
+    planned = calibrate_plan(spec, frame, out, coefficients=args.coefficients,
+                             runs=args.calibrate_from)
+    frame, calibration_lines = planned.frame, list(planned.lines)
     write_plan(out, spec, args.spec, frame)
-    for name, text in files.items():
+    for name, text in planned.files.items():
         atomic_write_text(out / name, text)
         calibration_lines.append(f"  → {out / name}")
     for line in calibration_lines:
         console.print(line, highlight=False, soft_wrap=True, markup=False)
-    console.print(summary_table(frame))
+    console.print(_drawn(summary_table(frame)))
     if args.candidates:
-        console.print(candidates_table(frame))
+        console.print(_drawn(candidates_table(frame)))
     for line in framework_prunes(spec, frame):
         console.print(line, highlight=False, soft_wrap=True)
     verdicts = memory_verdicts(frame, spec)
@@ -123,297 +104,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class MemoryVerdicts:
-    """What the memory rule decided, and where its uncertainty band could flip the verdict."""
-
-    kept_with_room: int  # the band's high end is under the budget
-    kept_could_oom: int  # the point estimate fits, the band's high end does not
-    probes: int  # the point estimate is over, the band's low end under: kept, the run decides
-    pruned: int  # pruned:memory (with probes on, the band's low end is over too)
-    pruned_could_fit: int  # pruned although the band reaches under (only with probes off)
-    band: tuple[float, float]
-
-    def describe(self) -> str:
-        low, high = self.band
-        text = (f"memory (band: the reserved peak's left-out error, {low:+.0%} .. {high:+.0%}): "
-                f"{self.kept_with_room} kept with room to spare, {self.kept_could_oom} kept "
-                f"that could run out, {self.probes} probe(s) (over the limit by the point "
-                f"estimate, under it by the band: kept, and the run decides), {self.pruned} "
-                "pruned")
-        if self.pruned_could_fit:
-            text += (f", of which {self.pruned_could_fit} could fit (constraints.memory_probes "
-                     "is false: the point estimate decides)")
-        return text
-
-
-def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
-    """Counts of the memory rule's verdicts against the model's uncertainty band
-    (sweep.memory_profiles.reserved_interval); None when the GPU has no memory ceiling."""
-    budget = space.memory_budget_bytes(spec)
-    if budget is None or "mem_reserved_bytes" not in frame:
-        return None
-    judged = frame["status"].isin([space.KEPT, "pruned:memory"]) \
-        & frame["mem_reserved_bytes"].notna()
-    rows = frame[judged]
-    low, high = reserved_interval(rows["mem_reserved_bytes"].to_numpy(float),
-                                  fixed_bytes=rows["mem_overhead_bytes"].to_numpy(float))
-    kept = (rows["status"] == space.KEPT).to_numpy()
-    probe = space.is_probe(rows, budget)
-    return MemoryVerdicts(kept_with_room=int((kept & (high <= budget)).sum()),
-                          kept_could_oom=int((kept & ~probe & (high > budget)).sum()),
-                          probes=int(probe.sum()), pruned=int((~kept).sum()),
-                          pruned_could_fit=int(((low <= budget) & ~kept).sum()),
-                          band=RESERVED_BAND)
-
-
-# The built-in workload, Llama-3.2-3B at micro-batch 4, seq 2048, on an H200 (PyTorch 2.11):
-# max_memory_reserved - max_memory_allocated without and with expandable segments.
-EXPANDABLE_MEASURED: Final = ("12.2 to 0.3 GiB with full recomputation and from 4.4 to 2.2 GiB "
-                              "without, at the same step time")
-
-
-def allocator_notes(spec: Spec) -> list[str]:
-    """What `sweep plan` says when the runs configure the CUDA caching allocator: the memory
-    model's reserve beyond live tensors was fitted without such settings, so the plan says so
-    and how to calibrate rather than guess a correction. For expandable segments it adds what
-    one measurement saw (README, "On a real GPU"): two runs are not a model of it."""
-    envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]
-    settings = allocator_settings(envs)
-    if not settings:
-        return []
-    note = (f"memory: the runs set {', '.join(settings)}; the allocator's reserve beyond live "
-            "tensors was fitted on runs without it (nanotron's defaults), so the reserved peaks, "
-            "and what is pruned or probed near the limit, may be off; after a first round, "
-            "`sweep plan --calibrate-from RUNS` rescales them to what your runs measured")
-    if any("expandable_segments:true" in s.lower() for s in settings):
-        note += ("; with expandable_segments:True on an H200 (the built-in workload) that "
-                 f"reserve fell from {EXPANDABLE_MEASURED}, so expect the reserved peaks "
-                 "over-predicted: candidates pruned or probed that would fit")
-    return [note]
-
-
-def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficients
-                   ) -> tuple[pd.DataFrame, Coefficients, dict[str, str], list[str]]:
-    """Re-plan with the memory correction fitted on RUNS, and calibrate the throughput prior on
-    their completed runs (`sweep.throughput_self_calibration`; the prior stays where none has a
-    measured throughput). Returns the plan, the throughput coefficients to predict with, the
-    files to write into the sweep folder (calibration.json, throughput.json) and the lines to
-    print."""
-    try:
-        calibration = self_calibration.calibrate(runs, spec)
-    except self_calibration.CalibrationError as error:
-        raise UserError(str(error)) from None
-    replanned = self_calibration.replan(frame, spec, calibration.memory.factor,
-                                        calibration.memory.overhead_delta_bytes)
-    changed = self_calibration.changes(frame, replanned)
-    lines = self_calibration.describe(calibration, changed)
-    record: dict[str, object] = {**calibration.to_dict(), "status_changes": changed}
-    files: dict[str, str] = {}
-    throughput = prior
-    try:
-        groups = completed_groups(runs, spec, on_left_out=print)
-        result = self_calibrate([(group, work) for _, group, work in groups], prior)
-    except ValueError as error:
-        record["throughput"] = {"fitted": False, "reason": str(error)}
-        lines.append(f"  throughput: not calibrated ({error}); predictions use the prior")
-    else:
-        payload = self_calibration_payload(result, runs, spec)
-        record["throughput"] = {"fitted": True, "file": COEFFICIENTS_FILE, **payload}
-        files[COEFFICIENTS_FILE] = json.dumps(payload, indent=2, sort_keys=True) + "\n"
-        throughput = result.coefficients
-        lines.append(f"  {result.describe()}")
-    files[self_calibration.CALIBRATION_FILE] = json.dumps(record, indent=2, sort_keys=True) + "\n"
-    return replanned, throughput, files, lines
-
-
-def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
-                         ) -> tuple[pd.DataFrame, list[str]]:
-    """The memory correction of out/calibration.json applied again (a plain `sweep plan` of a
-    calibrated sweep keeps its decisions); ignored, with a warning, if made for another spec."""
-    path = out / self_calibration.CALIBRATION_FILE
-    if not path.is_file():
-        return frame, []
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        factor, made_for = float(record["memory"]["factor"]), str(record["spec_hash"])
-        delta = float(record["memory"].get("overhead_delta_bytes") or 0.0)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{path}: not a calibration of `sweep plan --calibrate-from` ({error}); "
-                        "remove it or write it again with --calibrate-from") from None
-    if made_for != spec.spec_hash():
-        return frame, [f"warning: {path} was made for another version of the spec "
-                       f"(hash {made_for}); planned with the prior memory model. Run `sweep plan "
-                       "--calibrate-from RUNS` again to recalibrate"]
-    replanned = self_calibration.replan(frame, spec, factor, delta)
-    changed = self_calibration.changes(frame, replanned)
-    raised = f", overhead + {delta / GiB:.2f} GiB" if delta else ""
-    return replanned, [f"memory: reserved peak × {factor:.3f}{raised} from {path} (runs sha256 "
-                       f"{str(record.get('source_sha256', ''))[:12]}…); "
-                       f"{changed['pruned_to_kept']} pruned → kept, "
-                       f"{changed['kept_to_pruned']} kept → pruned"]
-
-
-# What to change when a rule prunes everything: the smallest edit of the spec that may keep some.
-RULE_HINTS: Final = {
-    "memory": "more nodes, a smaller micro-batch (axes.mbs), recomputation "
-              "(axes.recompute: [none, selective, full]), ZeRO (axes.zero_stage) or more "
-              "pipeline stages (axes.pp)",
-    "batch": "a global batch with more factors of two, or fewer nodes",
-    "tp_heads": "tp values that divide the model's attention and KV heads (axes.tp)",
-    "pp_layers": "fewer pipeline stages (axes.pp, constraints.max_pp)",
-    "pp_grad_acc": "a larger global batch or smaller micro-batches, so that grad_acc >= pp",
-    "tp_across_nodes": "tp values up to the GPUs of one node, or "
-                       "constraints.allow_tp_across_nodes: true",
-    "framework": "another framework or framework_version, or axes this framework implements "
-                 "(see prune_detail in plan.parquet)",
-    "max_tp": "a larger constraints.max_tp",
-    "max_pp": "a larger constraints.max_pp",
-    "max_mbs": "a larger constraints.max_mbs",
-}
-
-
-def nothing_kept(spec_path: Path, frame: pd.DataFrame) -> str:
-    """The error of a plan that keeps nothing: the rules that pruned the most, and what to change."""
-    counts = frame["prune_rule"].value_counts()
-    counts = counts[counts > 0]
-    lines = [f"{spec_path}: every one of the {len(frame)} candidates was pruned; "
-             "nothing would run. The rules that pruned the most:"]
-    for rule, count in counts.head(3).items():
-        hint = RULE_HINTS.get(str(rule), "see the README's rule table")
-        lines.append(f"  {rule}: {count} candidates — try {hint}")
-    return "\n".join(lines)
-
-
-def framework_prunes(spec: Spec, frame: pd.DataFrame) -> list[str]:
-    """One line per capability rule that pruned something: how many, and the framework's reason."""
-    if "prune_detail" not in frame:
-        return []
-    details = frame["prune_detail"].dropna().value_counts()
-    details = details[details > 0]
-    if details.empty:
-        return []
-    version = spec.run.framework_version or "its default version"
-    lines = [f"pruned because {spec.framework} ({version}) cannot run them as labelled:"]
-    lines += [f"  {count:>6} × {detail}" for detail, count in details.items()]
-    return lines
-
-
-def _best_predicted(frame: pd.DataFrame) -> pd.DataFrame:
-    kept = frame[(frame["status"] == space.KEPT) & frame["pred_tokens_per_s_per_gpu"].notna()]
-    return kept.sort_values("pred_tokens_per_s_per_gpu", ascending=False, kind="stable")
-
-
-def _rate(value: float) -> str:
-    return "–" if pd.isna(value) else f"{value:,.0f}"
-
-
-def _percent(value: float) -> str:
-    return "–" if pd.isna(value) else f"{100 * value:.1f}%"
-
-
-def summary_table(frame: pd.DataFrame) -> Table:
-    """One row per (model, nodes): candidates, kept (and how many of them are memory probes), how
-    many each rule pruned, and the kept candidate the throughput model predicts fastest."""
-    counts = (frame.groupby(["model", "nodes", "status"], observed=True).size()
-              .unstack("status", fill_value=0))
-    rules = [r for r in space.RULE_NAMES if f"pruned:{r}" in counts.columns]
-    best = (_best_predicted(frame).groupby(["model", "nodes"], observed=True).head(1)
-            .set_index(["model", "nodes"]) if "pred_tokens_per_s_per_gpu" in frame else None)
-    table = Table(title="sweep plan: candidates per (model, nodes)")
-    probes = (frame.assign(_probe=frame["probe"].astype(bool))
-              .groupby(["model", "nodes"], observed=True)["_probe"].sum()
-              if "probe" in frame else None)
-    columns = ["model", "nodes", "candidates", "kept", *(["of them probes"] if probes is not None
-                                                          else []), *rules]
-    columns += ["predicted best", "tok/s/GPU", "MFU"] if best is not None else []
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("model", "predicted best") else "right",
+def _drawn(table: TextTable) -> Table:
+    """A plan summary as a rich table: names and labels left-aligned, numbers right-aligned."""
+    drawn = Table(title=table.title)
+    for name in table.columns:
+        drawn.add_column(name, justify="left" if name in table.text_columns else "right",
                          no_wrap=True)
-    for (model, nodes), row in counts.iterrows():
-        kept = int(row.get(space.KEPT, 0))
-        cells = [str(model), str(nodes), str(int(row.sum())), str(kept),
-                 *([str(int(probes.get((model, nodes), 0)))] if probes is not None else []),
-                 *(str(int(row.get(f"pruned:{r}", 0))) for r in rules)]
-        if best is not None:
-            top = best.loc[(model, nodes)] if (model, nodes) in best.index else None
-            cells += ["–", "–", "–"] if top is None else [
-                space.layout_of(top).label(), _rate(top["pred_tokens_per_s_per_gpu"]),
-                _percent(top["pred_mfu"])]
-        table.add_row(*cells)
-    return table
-
-
-def candidates_table(frame: pd.DataFrame) -> Table:
-    """Every kept candidate with its predictions, best first within each (model, nodes), and its
-    place there (`pred_rank`: the order `--strategy shortlist` runs them in)."""
-    table = Table(title="sweep plan: kept candidates, predicted (throughput model)")
-    for name in ("model", "nodes", "rank", "configuration", "run_id", "tok/s/GPU", "MFU",
-                 "step time", "memory"):
-        table.add_column(name, justify="left" if name in ("model", "configuration", "run_id")
-                         else "right", no_wrap=True)
-    ranked = _best_predicted(frame).sort_values(["model", "nodes"], kind="stable")
-    for _, row in ranked.iterrows():
-        memory_gib = row.get("mem_total_bytes", float("nan")) / GiB
-        rank = row.get("pred_rank")
-        table.add_row(str(row["model"]), str(row["nodes"]), "–" if pd.isna(rank) else str(rank),
-                      space.layout_of(row).label(),
-                      str(row["run_id"]),
-                      _rate(row["pred_tokens_per_s_per_gpu"]), _percent(row["pred_mfu"]),
-                      f"{row['pred_step_time_s']:.3f} s",
-                      "–" if pd.isna(memory_gib) else f"{memory_gib:.1f} GiB")
-    return table
-
-
-def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
-    """The memory breakdown of one kept run, with its layout and the GPU's budget."""
-    match = frame[frame["run_id"] == run_id]
-    if match.empty:
-        example = frame["run_id"].dropna().head(1).tolist()
-        hint = f" (e.g. {example[0]})" if example else ""
-        raise UserError(f"--explain: no kept configuration has run id {run_id!r}; pick one "
-                        f"from the run_id column of {PLAN_FILE}{hint}")
-    row = match.iloc[0]
-    layout = space.layout_of(row)
-    model = next(m for m in spec.model_shapes if m.name == str(row["model"]))
-    estimate = memory.estimate(model, layout, seq_len=spec.seq_len, dtype=spec.dtype,
-                               profile=spec.framework)
-    budget = space.RuleContext.from_spec(spec, model).memory_budget_bytes
-    lines = [f"{run_id}: {model.name} on {int(row['nodes'])} node(s), {layout.label()}",
-             f"framework profile: {spec.framework}, seq {spec.seq_len}, {spec.dtype}", "",
-             estimate.explain()]
-    if budget is not None:
-        lines.append(f"budget: {budget / GiB:.2f} GiB ({spec.gpu}, headroom "
-                     f"{spec.constraints.memory_headroom:.0%}) → fits with "
-                     f"{(budget - estimate.total_bytes) / GiB:.2f} GiB to spare")
-    return "\n".join(lines)
-
-
-def axes_beyond_constraints(spec: Spec) -> list[str]:
-    """Axis values a spec lists explicitly that its own constraints then prune (e.g. mbs 128
-    with the default max_mbs of 64): most likely a forgotten constraint."""
-    limits = (("mbs", "max_mbs", spec.constraints.max_mbs), ("tp", "max_tp", spec.max_tp),
-              ("pp", "max_pp", spec.constraints.max_pp))
-    warnings = []
-    for axis, constraint, limit in limits:
-        values = getattr(spec.axes, axis)
-        above = sorted(v for v in values if limit is not None and v > limit) \
-            if isinstance(values, list) else []
-        if above:
-            warnings.append(f"axes.{axis} lists {above}, above constraints.{constraint} "
-                            f"({limit}): rule {constraint} prunes them; raise "
-                            f"constraints.{constraint} to sweep them")
-    return warnings
-
-
-def unmatched_overrides(spec: Spec, frame: pd.DataFrame) -> list[str]:
-    """Overrides whose `where` selects no kept run: most likely a typo in the spec."""
-    kept = frame[frame["status"] == space.KEPT]
-    warnings = []
-    for index, override in enumerate(spec.overrides):
-        mask = pd.Series(True, index=kept.index)
-        for column, wanted in override.where.items():
-            mask &= kept[column].astype(str) == str(wanted)
-        if not mask.any():
-            warnings.append(f"overrides[{index}].where {override.where} matches no kept run")
-    return warnings
+    for row in table.rows:
+        drawn.add_row(*row)
+    return drawn

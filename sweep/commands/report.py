@@ -5,12 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sweep.collect import RUNS_FILE
-from sweep.errors import UserError
-
-_PRINTED = ("failed-check", "best-config-changes", "basis", "mfu-above-1", "convention-mismatch",
-            "not-ranked")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from analysis.best import CONVENTIONS, DEFAULT_CONVENTION, DEFAULT_METRIC, METRICS
@@ -26,22 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source: Path = args.source
-    path = source / RUNS_FILE if source.is_dir() else source
-    if not path.is_file():
-        hint = "run `sweep collect` first" if source.is_dir() else "pass a sweep directory or a runs.parquet"
-        raise UserError(f"{path}: no such file; {hint}")
-    from analysis.sweep_report import report_sweep
+    from analysis.sweep_report import report_summary, report_sweep, runs_file
 
+    path = runs_file(args.source)
     report = report_sweep(path, args.out, args.metric, args.convention)
-    out = report.out_dir
-    winners = int(report.best["run_id"].notna().sum())
-    print(f"{report.attempts} attempt(s), {winners}/{len(report.best)} cells with a best "
-          f"configuration, {len(report.flags)} flag(s) → {out / 'index.html'}")
-    for note in report.notes:
-        print(f"  note: {note}")
-    for flag in report.flags:
-        if flag.kind in _PRINTED:
-            where = flag.model + (f" × {flag.nodes} nodes" if flag.nodes is not None else "")
-            print(f"  {flag.kind} ({where}): {flag.message[:160]}{'…' if len(flag.message) > 160 else ''}")
+    for line in report_summary(report):
+        print(line)
     return 0

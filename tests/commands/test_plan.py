@@ -369,32 +369,6 @@ def test_a_recorded_calibration_of_another_spec_is_not_applied(
     assert "calibration.json: not a calibration" in capsys.readouterr().err
 
 
-def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -> None:
-    """The band is the reserved peak's left-out error (−32 % .. +16 % of the prediction): a
-    prediction a little over the budget may fit (a probe), one a little under it may not."""
-    from sweep.commands.plan import memory_verdicts
-    from sweep.spec import parse_spec
-
-    spec = parse_spec("name: band\nframework: builtin\ngpu: cpu\ngpu_memory_gb: 1\n"
-                      "models: [tiny-4l]\nnodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
-    gib = 2**30
-    reserved = [0.5 * gib, 0.9 * gib, 1.1 * gib, 1.3 * gib, None]
-    frame = pd.DataFrame({
-        "status": ["kept", "kept", "kept", "pruned:memory", "pruned:tp_heads"],
-        "mem_reserved_bytes": reserved, "mem_total_bytes": reserved,
-        "mem_overhead_bytes": [0.0, 0.0, 0.0, 0.0, None]})
-    verdicts = memory_verdicts(frame, spec)
-    assert verdicts is not None
-    assert (verdicts.kept_with_room, verdicts.kept_could_oom, verdicts.probes, verdicts.pruned,
-            verdicts.pruned_could_fit) == (1, 1, 1, 1, 0)
-    assert "1 kept that could run out, 1 probe(s)" in verdicts.describe()
-    point_only = frame.assign(status=["kept", "kept", "pruned:memory", "pruned:memory", "x"])
-    assert memory_verdicts(point_only, spec).pruned_could_fit == 1  # type: ignore[union-attr]
-    no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
-                            "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
-    assert memory_verdicts(frame, no_ceiling) is None
-
-
 def test_a_model_far_outside_the_fitted_sizes_is_named_as_an_extrapolation(
         repo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The prior was fitted on 1.3B-8.9B models: the playbook's 80B (80.0B) is named, the 3B

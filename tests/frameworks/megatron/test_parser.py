@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sweep.logs import LogParseError, get_parser
+from sweep.units import MiB
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
-MIB = 2**20
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +39,10 @@ def test_2021_format_with_skipped_interval_and_per_rank_memory(parser):
     assert len(log.memory) == 19
     rank0 = next(m for m in log.memory if m.rank == 0)
     assert rank0.after_step == 20
-    assert rank0.max_allocated_bytes == round(22769.7333984375 * MIB)
-    assert rank0.max_reserved_bytes == 25658 * MIB
+    assert rank0.max_allocated_bytes == round(22769.7333984375 * MiB)
+    assert rank0.max_reserved_bytes == 25658 * MiB
     assert log.peak_mem_allocated_bytes == rank0.max_allocated_bytes
-    assert log.peak_mem_reserved_bytes == 25658 * MIB
+    assert log.peak_mem_reserved_bytes == 25658 * MiB
     assert not log.truncated and log.problems == ()
 
 
@@ -57,7 +57,7 @@ def test_2020_format_without_consumed_samples(parser):
     assert step1.global_batch_size is None  # not logged in 2020
     (memory,) = log.memory  # `after 1 iterations memory (MB)`, no rank
     assert memory.rank is None and memory.after_step == 1
-    assert memory.max_allocated_bytes == round(26118.2294921875 * MIB)
+    assert memory.max_allocated_bytes == round(26118.2294921875 * MiB)
 
 
 def test_2020_format_all_iterations_skipped_has_no_loss(parser):
@@ -77,7 +77,7 @@ def test_2024_format_with_timestamp_and_throughput(parser):
     assert step2.tflops_per_gpu == 231.9
     assert step2.loss == 2.02153  # lm loss, not load_balancing_loss
     assert step2.grad_norm == 6.895 and step2.global_batch_size == 128 and step2.step_time_s == 5.6301
-    assert log.memory[0].rank == 1 and log.memory[0].max_reserved_bytes == 61480 * MIB
+    assert log.memory[0].rank == 1 and log.memory[0].max_reserved_bytes == 61480 * MiB
 
 
 def test_newest_format_with_mtp_losses(parser):

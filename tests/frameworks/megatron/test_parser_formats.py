@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 import pytest
 
 from sweep.logs import get_parser
+from sweep.units import MiB
 
-MIB = 2**20
 WHEN = datetime(2026, 8, 22, 15, 22, 22, 125000)
 
 
@@ -95,14 +95,14 @@ def test_memory_is_the_most_loaded_rank_and_steps_are_counted_once(parser, versi
     last = parser.parse_text(node_log(version, {2: [7000.0, 9500.75], 3: [7000.0, 9400.0]},
                                       last_node=True), "node1.out")
     assert first.steps == () and len(first.memory) == 12
-    assert first.peak_mem_allocated_bytes == round(12000.25 * MIB)  # rank 0, not the last line
-    assert first.peak_mem_reserved_bytes == round(12000.25 * 1.2 * MIB)
+    assert first.peak_mem_allocated_bytes == round(12000.25 * MiB)  # rank 0, not the last line
+    assert first.peak_mem_reserved_bytes == round(12000.25 * 1.2 * MiB)
     assert [r.step for r in last.steps] == [1, 2, 3, 4, 5, 6] and last.duplicate_steps == 0
-    assert last.peak_mem_allocated_bytes == round(9500.75 * MIB)
+    assert last.peak_mem_allocated_bytes == round(9500.75 * MiB)
     assert {m.rank for m in last.memory} == {2, 3}
     # collect takes the steps from the log with the most step lines and the memory peak over all
     assert max(first.peak_mem_allocated_bytes, last.peak_mem_allocated_bytes) == \
-        round(12000.25 * MIB)
+        round(12000.25 * MiB)
 
 
 def test_a_repeated_iteration_line_is_one_step(parser) -> None:
@@ -114,6 +114,6 @@ def test_a_repeated_iteration_line_is_one_step(parser) -> None:
 def test_memory_line_fields(parser) -> None:
     sample = parser.match_memory(memory_line(5, 2, 4096.5))
     assert (sample.rank, sample.after_step) == (5, 2)
-    assert sample.max_allocated_bytes == round(4096.5 * MIB)
-    assert sample.allocated_bytes == round(4096.5 * 0.6 * MIB)
-    assert sample.max_reserved_bytes == round(4096.5 * 1.2 * MIB)
+    assert sample.max_allocated_bytes == round(4096.5 * MiB)
+    assert sample.allocated_bytes == round(4096.5 * 0.6 * MiB)
+    assert sample.max_reserved_bytes == round(4096.5 * 1.2 * MiB)

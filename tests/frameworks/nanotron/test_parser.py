@@ -14,9 +14,9 @@ import pytest
 
 from sweep.frameworks.nanotron.parser import human_number
 from sweep.logs import get_parser
+from sweep.units import MiB
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
-MIB = 2**20
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_jan_2025_log_steps_and_memory_lines(parser):
     assert log.steps[5].mem_reserved_bytes is None  # memory fields only on iterations 1-4
     # ` Memory usage: ...MiB. Peak allocated ...MiB. Peak reserved: ...MiB` lines, plus the two
     # `[After model building]` lines; the largest peak allocated is 41138.03 MiB
-    assert log.peak_mem_allocated_bytes == round(41138.03 * MIB)
+    assert log.peak_mem_allocated_bytes == round(41138.03 * MiB)
     assert log.peak_mem_reserved_bytes == 50_900_000_000  # the 50.9G on a step line beats 48542 MiB
     assert log.problems == () and not log.truncated
 
@@ -154,8 +154,8 @@ def test_playbook_commit_lines_one_logging_rank_and_the_most_loaded_rank_s_memor
     assert (first.loss, first.learning_rate, first.grad_norm, first.tflops_per_gpu) == (12.1, 6e-05, 8.73, 301.0)
     assert first.mem_reserved_bytes == 58_100_000_000 and first.mem_allocated_bytes is None
     # the peak over the ranks that logged: rank 0's " Memory usage" line beats the logging rank's
-    assert log.peak_mem_allocated_bytes == round(61234.75 * MIB)
-    assert log.peak_mem_reserved_bytes == round(64020.00 * MIB)
+    assert log.peak_mem_allocated_bytes == round(61234.75 * MiB)
+    assert log.peak_mem_reserved_bytes == round(64020.00 * MiB)
     assert len(log.memory) == 5  # four "[After model building]" (every tp/pp rank) and rank 0's line
 
 
@@ -167,7 +167,7 @@ def test_main_lines_with_the_renamed_step_time(parser):
     assert (second.loss, second.grad_norm, second.total_steps) == (11.9, 7.9, 20)
     assert second.global_batch_size is None  # logged in tokens (262K) since 8279c784
     assert second.mem_reserved_bytes is None and second.timestamp is None
-    assert log.peak_mem_allocated_bytes == round(61234.75 * MIB)
+    assert log.peak_mem_allocated_bytes == round(61234.75 * MiB)
 
 
 def test_both_step_time_keys_give_the_same_record_apart_from_the_version(parser):

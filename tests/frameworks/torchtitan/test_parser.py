@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sweep.logs import get_parser
+from sweep.units import GiB
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
-GIB = 2**30
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +28,13 @@ def test_2026_lines_with_ansi_colours(parser):
     assert log.format_version == "torchtitan-2026"
     step10 = log.steps[1]
     assert step10.loss == 6.23047 and step10.grad_norm == 43.5
-    assert step10.mem_reserved_bytes == round(75.22 * GIB)
+    assert step10.mem_reserved_bytes == round(75.22 * GiB)
     assert step10.tokens_per_sec_per_gpu == 8754.0  # "tps: 8,754"
     assert step10.tflops_per_gpu == 737.59 and step10.mfu_pct == 32.78
     assert step10.rank == 0
     assert step10.timestamp == datetime(2026, 5, 19, 22, 5, 24, 364000, tzinfo=UTC).timestamp()
     assert step10.step_time_s is None  # torchtitan does not log it
-    assert log.peak_mem_reserved_bytes == round(75.22 * GIB)
+    assert log.peak_mem_reserved_bytes == round(75.22 * GiB)
 
 
 def test_2024_wps_lines_from_four_nodes_count_once(parser):
@@ -44,7 +44,7 @@ def test_2024_wps_lines_from_four_nodes_count_once(parser):
     assert log.format_version == "torchtitan-2024"
     assert (step.step, step.loss, step.tokens_per_sec_per_gpu, step.mfu_pct) == (10, 1.5568, 1786.0, 10.46)
     assert step.tflops_per_gpu is None and step.grad_norm is None
-    assert step.mem_reserved_bytes == round(26.47 * GIB)
+    assert step.mem_reserved_bytes == round(26.47 * GiB)
 
 
 def test_2025_lines_between_warnings(parser):
@@ -57,7 +57,7 @@ def test_2025_lines_between_warnings(parser):
         18.36,
         1.86,
     )
-    assert steps[22].mem_reserved_bytes == round(1.41 * GIB)  # "memory:  1.41GiB(1.79%)"
+    assert steps[22].mem_reserved_bytes == round(1.41 * GiB)  # "memory:  1.41GiB(1.79%)"
     log4 = parser.parse_file(FIXTURES / "torchtitan_steps_4.log")
     assert [r.step for r in log4.steps][:3] == [200, 210, 220]
     assert log4.steps[0].mfu_pct == 34.29
@@ -67,7 +67,7 @@ def test_mfu_not_available(parser):
     (step,) = parser.parse_file(FIXTURES / "fail_illegal_memory_access_1.log").steps
     assert step.mfu_pct is None  # "mfu: N/A"
     assert (step.step, step.tokens_per_sec_per_gpu, step.tflops_per_gpu) == (1, 1150.0, 96.88)
-    assert step.mem_reserved_bytes == round(172.59 * GIB)
+    assert step.mem_reserved_bytes == round(172.59 * GiB)
 
 
 def test_other_ranks_lines_do_not_replace_rank_0(parser):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 
 from sweep.logs import get_parser
+from sweep.units import GiB
 
-GIB = 2**30
 COLOURS = {"red": "\033[31m", "green": "\033[32m", "orange": "\033[38;2;180;60;0m",
            "turquoise": "\033[38;2;54;234;195m", "blue": "\033[34m", "cyan": "\033[36m",
            "magenta": "\033[35m", "reset": "\033[39m"}
@@ -48,7 +48,7 @@ def test_each_versions_line(parser, version: str, colour: bool) -> None:
     assert record.tokens_per_sec_per_gpu == 4321.0
     assert record.loss == pytest.approx(6.12345, abs=1e-4)
     assert (record.tflops_per_gpu, record.mfu_pct) == (250.12, 25.29)
-    assert record.mem_reserved_bytes == round(41.5 * GIB)
+    assert record.mem_reserved_bytes == round(41.5 * GiB)
     assert record.format_version == "torchtitan-2026"
 
 
@@ -64,7 +64,7 @@ def test_pipeline_log_takes_the_last_stages_loss_and_the_peak_memory(parser, ver
             text += step_line(version, rank, step, loss, memory, second=step)
     log = parser.parse_text(text)
     assert [(r.step, r.rank, r.loss) for r in log.steps] == [(1, 4, 8.0), (2, 4, 7.0), (3, 4, 6.0)]
-    assert [r.mem_reserved_bytes for r in log.steps] == [round((37.0 + s) * GIB) for s in (1, 2, 3)]
+    assert [r.mem_reserved_bytes for r in log.steps] == [round((37.0 + s) * GiB) for s in (1, 2, 3)]
     assert log.problems == ()  # other ranks' lines are not restarts
     assert log.duplicate_steps == 3 * 7
     assert log.format_version == "torchtitan-2026"
@@ -74,7 +74,7 @@ def test_a_node_of_first_stages_only_has_no_loss(parser) -> None:
     text = "".join(step_line("0.2.2", rank, 1, -8.0, 20.0 + rank) for rank in range(8))
     (record,) = parser.parse_text(text).steps
     assert record.loss is None and record.rank == 0
-    assert record.mem_reserved_bytes == round(27.0 * GIB)
+    assert record.mem_reserved_bytes == round(27.0 * GiB)
 
 
 def test_a_ranks_second_line_for_a_step_is_a_restart(parser) -> None:
@@ -90,5 +90,5 @@ def test_unprefixed_lines_of_several_ranks_are_not_restarts(parser) -> None:
              for rank in range(4)]
     log = parser.parse_text("".join(lines))
     (record,) = log.steps
-    assert record.loss == 5.0 and record.mem_reserved_bytes == round(13.0 * GIB)
+    assert record.loss == 5.0 and record.mem_reserved_bytes == round(13.0 * GiB)
     assert log.problems == ()
