@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from sweep import __version__
-from sweep.errors import UserError  # defined in sweep.errors; still importable from here
+from sweep.errors import exit_code_of
 
 COMMANDS: dict[str, str] = {
     "plan": "enumerate and prune the configurations of a spec; write plan.parquet",
@@ -77,16 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     module.add_arguments(command)
     args = command.parse_args(argv[1:])
-    from sweep.spec import SpecError
-
-    try:
-        return int(module.run(args) or 0)
-    except (UserError, SpecError) as error:
-        print(f"sweep {name}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"sweep {name}: interrupted", file=sys.stderr)
-        return 130
+    return exit_code_of(name, lambda: module.run(args))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from submitit.helpers import Checkpointable
 
-from sweep.errors import UserError
+from sweep.errors import UserError, exit_code_of
 from sweep.state import atomic_write_json, read_json
 
 if TYPE_CHECKING:
@@ -135,8 +135,8 @@ def collect_and_report(folder: str | Path) -> int:
     It prints what those commands print and returns their exit code (see `_exit_code`); the
     report is not made when the collection failed."""
     folder = Path(folder)
-    code = _exit_code("collect", lambda: _collect_with_sacct(folder))
-    return code or _exit_code("report", lambda: _write_report(folder))
+    code = exit_code_of("collect", lambda: _collect_with_sacct(folder))
+    return code or exit_code_of("report", lambda: _write_report(folder))
 
 
 def _collect_with_sacct(folder: Path) -> None:
@@ -152,24 +152,6 @@ def _write_report(folder: Path) -> None:
 
     for line in report_summary(report_sweep(runs_file(folder))):
         print(line)
-
-
-def _exit_code(command: str, step: Callable[[], None]) -> int:
-    """0, or the code `sweep COMMAND` exits with when its step fails in a way it knows: 2 for
-    an error in the user's input, said in one line on stderr, 130 when interrupted; any other
-    error propagates, as it would from the command. `sweep.cli.main` maps errors the same way;
-    it is not called from here because domain code does not import the command line."""
-    from sweep.spec import SpecError
-
-    try:
-        step()
-    except (UserError, SpecError) as error:
-        print(f"sweep {command}: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"sweep {command}: interrupted", file=sys.stderr)
-        return 130
-    return 0
 
 
 # -- the guard: one driver per sweep ------------------------------------------------------------

@@ -6,6 +6,27 @@ must not import the command-line layer; the CLI imports these, never the other w
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class UserError(Exception):
     """An error caused by input; printed without a traceback, exit code 2."""
+
+
+def exit_code_of(command: str, step: Callable[[], int | None]) -> int:
+    """Run one `sweep COMMAND`'s work and return its exit code: the step's own (None is 0), 2
+    for an error in the user's input (`UserError`, `sweep.spec.SpecError`), said in one line on
+    stderr without a traceback, 130 when interrupted. Any other error propagates. The command
+    line and the detached driver (which runs collect and report without the command line) both
+    end a command here, so they exit alike."""
+    from sweep.spec import SpecError
+
+    try:
+        return int(step() or 0)
+    except (UserError, SpecError) as error:
+        print(f"sweep {command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"sweep {command}: interrupted", file=sys.stderr)
+        return 130
