@@ -68,6 +68,7 @@ def main() -> None:
           f"{'launched':>9}{'GPU-h':>7}{'cells':>7}{'regret':>8}{'floor':>6}{'model':>6}"
           f"{'settings':>10}")
     pooled: dict[str, dict[str, float]] = {}
+    cv_seconds: dict[str, float] = {}
     for file in TABLES:
         table = pd.read_csv(REFDATA / file)
         replay = replay_table(table, file, LABELS, workloads, spec.run.steps, 60.0)
@@ -86,6 +87,7 @@ def main() -> None:
                       f"{e['max_regret']:>8.1%}{e['launches_forced_by_floor']:>6.0f}"
                       f"{e['launches_chosen_by_model']:>6.0f}{settings:>10}")
             pooled[f"{file}:{strategy}"] = summary(folds)
+            cv_seconds[f"{file}:{strategy}"] = time.perf_counter() - start
             print("  pooled: " + " ".join(f"{k}={v:.4g}"
                                           for k, v in pooled[f"{file}:{strategy}"].items())
                   + f" ({time.perf_counter() - start:.0f} s)")
@@ -117,7 +119,9 @@ def main() -> None:
           f"cv_charts_shortlist_cells_within_2pct="
           f"{charts_short['held_out_cells_within_2pct']:.0f} "
           f"cv_charts_shortlist_max_regret={charts_short['held_out_max_regret']:.4f} "
-          f"cells_total={full['held_out_cells_total']:.0f}")
+          f"cells_total={full['held_out_cells_total']:.0f} "
+          f"cv_full_adaptive_seconds="
+          f"{cv_seconds['playbook_bench_full_1B_8B.csv:adaptive']:.1f}")
 
 
 if __name__ == "__main__":
