@@ -194,8 +194,11 @@ def run_faults(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 LAUNCH_FAILURE_SPEC = SWEEP + """nodes: [2]
 axes: {{tp: [1], pp: [1], mbs: [4], zero_stage: [0], recompute: [none]}}
-run: {{time_limit: "00:02:00", signal_before_s: 30, mem: "400M", exclusive: false, exclude: [node3, node4]}}
+run: {{time_limit: "00:05:00", signal_before_s: 30, mem: "400M", exclusive: false, exclude: [node3, node4]}}
 """
+# The job ends as soon as srun gives up on node2, within seconds on an idle machine. On a loaded
+# one (a preflight took 42 s) a 2-minute limit, signalled 30 s before, once ended it first and it
+# was recorded as a timeout: the limit is no part of what the test checks, so it has room.
 
 
 @pytest.mark.slurm
@@ -217,7 +220,7 @@ def test_a_node_that_cannot_start_its_step_is_a_node_failure_blamed_on_that_node
     local_slurm("kill-node", "node2")
     try:
         assert main(["submit", str(out), "--no-report"]) == 0
-        observation = wait_until_settled(out, timeout_s=120)
+        observation = wait_until_settled(out, timeout_s=360)
     finally:
         local_slurm("restart-node", "node2")
         cancel_sweep(name)
