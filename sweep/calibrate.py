@@ -55,6 +55,16 @@ NEWTON_MAX_STEP: Final = 1.0  # at most a factor e per coefficient and step: a f
 # directions the ridge alone curves, where a full Newton step overshoots
 
 
+# What `fit` does, in words, for the provenance of the files that record a fit.
+FIT_DESCRIPTION: Final = (
+    "sweep.calibrate.fit: mean pseudo-Huber loss (delta 0.05) of log(predicted / measured) step "
+    "time, ridge 1e-4 towards the physical prior, memory_traffic kept at its prior, solved to "
+    "its minimum (300 Adam steps, then Newton's method until no step moves a coefficient by "
+    "1e-13); inter_scaling and overlap_power from their grids by the one-standard-error rule "
+    "(the least overlap, then the least congestion, within one standard error of the best "
+    "median error)")
+
+
 @dataclass(frozen=True)
 class Fit:
     coefficients: Coefficients
@@ -451,5 +461,5 @@ def with_predictions(frame: pd.DataFrame, spec: Spec, coefficients: Coefficients
     return out.assign(pred_rank=rank.reindex(frame.index).astype("Int64"))
 
 
-__all__ = ["default_prior", "describe_default_prior", "fit_exclusion_reasons", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
+__all__ = ["FIT_DESCRIPTION", "default_prior", "describe_default_prior", "fit_exclusion_reasons", "without_fit_exclusions", "sick_node_runs", "stale_pipeline_runs", "error_summary", "predict_plan", "with_predictions", "workloads_for", "model_names_for", "Fit", "fit", "fit_matrix",
            "observed_step_time", "relative_errors"]

@@ -45,17 +45,16 @@ def coefficients_payload(result: Fit, source: Path, spec: Spec,
     """The coefficients and where they came from: the table (path and sha256), the rows fitted,
     how (loss, grid, iterations), the in-sample error and each model's held-out error, so a file
     found later says what it is worth and how to make it again."""
-    from sweep.calibrate import INTER_SCALING_GRID
+    from sweep.calibrate import FIT_DESCRIPTION, INTER_SCALING_GRID, OVERLAP_POWER_GRID
 
     payload = _payload(result, source, spec, f"sweep calibrate {source} --spec <{spec.name}>",
                        "sweep.calibrate.fit")
     payload["provenance"].update({
         "left_out": "nanotron's pre-fix pipeline runs (after_pp_fix = False) and runs "
                     "on a node whose NVLink all-reduce measured under half the median",
-        "objective": "mean pseudo-Huber loss (delta 0.05) of log(predicted / measured) "
-                     "step time, ridge 1e-4 towards the physical prior; inter_scaling "
-                     "from a grid by the median error",
+        "objective": FIT_DESCRIPTION,
         "inter_scaling_grid": list(INTER_SCALING_GRID),
+        "overlap_power_grid": list(OVERLAP_POWER_GRID),
         "held_out": held_out or {},
     })
     return payload

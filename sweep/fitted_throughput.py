@@ -34,10 +34,11 @@ PROVENANCE: Final[dict[str, Any]] = {'script': 'scripts/fit_throughput.py',
  'data': {'playbook_bench_full_1B_8B.csv': '434afe3e99ea2643fd25577c0cf9315be43730b0126fd671b3b68c31f35f5102'},
  'spec': 'examples/playbook.yaml',
  'fit': 'sweep.calibrate.fit: mean pseudo-Huber loss (delta 0.05) of log(predicted / measured) '
-        'step time, ridge 1e-4 towards the physical prior, memory_traffic kept at its prior; '
-        'inter_scaling and overlap_power from their grids by the one-standard-error rule (the '
-        'least overlap, then the least congestion, within one standard error of the best '
-        'median error)',
+        'step time, ridge 1e-4 towards the physical prior, memory_traffic kept at its prior, '
+        "solved to its minimum (300 Adam steps, then Newton's method until no step moves a "
+        'coefficient by 1e-13); inter_scaling and overlap_power from their grids by the '
+        'one-standard-error rule (the least overlap, then the least congestion, within one '
+        'standard error of the best median error)',
  'rows': 751,
  'left_out_rows': {"pipeline runs made before nanotron's pipeline fix (after_pp_fix = False)": 771,
                    "runs on a node whose NVLink all-reduce measured under half the table's median": 10},

@@ -23,7 +23,13 @@ from typing import Any, Final
 
 import pandas as pd
 
-from sweep.calibrate import error_summary, fit, relative_errors, without_fit_exclusions
+from sweep.calibrate import (
+    FIT_DESCRIPTION,
+    error_summary,
+    fit,
+    relative_errors,
+    without_fit_exclusions,
+)
 from sweep.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.spec import Spec
 from sweep.state import file_sha256
@@ -59,11 +65,7 @@ def fit_reference(refdata: str | Path, spec: Spec) -> ThroughputReference:
         "applies_to": {"framework": FRAMEWORK, "gpu": GPU},
         "data": {RUNS_FILE: file_sha256(path)},
         "spec": SPEC_FILE,
-        "fit": "sweep.calibrate.fit: mean pseudo-Huber loss (delta 0.05) of log(predicted / "
-               "measured) step time, ridge 1e-4 towards the physical prior, memory_traffic "
-               "kept at its prior; inter_scaling and overlap_power from their grids by the "
-               "one-standard-error rule (the least overlap, then the least congestion, within "
-               "one standard error of the best median error)",
+        "fit": FIT_DESCRIPTION,
         "rows": result.rows,
         "left_out_rows": excluded,
         "in_sample": {"median_abs_error": result.median_abs_error,
