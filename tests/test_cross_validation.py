@@ -84,6 +84,34 @@ def test_held_out_figures_come_from_the_other_model_only(small, strategy: str) -
     assert 0 < pooled["held_out_tput_median"] <= pooled["held_out_tput_p90"]
 
 
+@pytest.mark.slow  # about 20 s: seven fits and a dozen replays
+def test_with_three_models_each_fold_trains_and_chooses_on_the_other_two(small) -> None:
+    """A third model (here 8B's runs again, under the 3B's shape: only the structure is
+    tested) gives every fold two training models: the coefficients are fitted on both, and the
+    settings are chosen by replaying each from a fit to the other, so neither the held-out
+    model nor the replayed one is in the prior it is replayed from."""
+    runs, _ = small
+    third = runs[runs.model_label == "8B"].assign(model_label="3B")
+    runs = pd.concat([runs, third], ignore_index=True)
+    workloads = {**WORKLOADS, "playbook-3b": Workload(get_model("playbook-3b"), 4096, H100)}
+    labels = {**LABELS, "3B": "playbook-3b"}
+    replay = replay_table(runs, "small3.csv", labels, workloads, 20, 60)
+    rows = completed_rows(runs, "small3.csv", workloads, {**labels, **{m: m for m in workloads}})
+    folds = leave_one_model_out(replay, rows, workloads, grid=SMALL_GRID)
+    models = sorted(workloads)
+    assert [(f.model, f.mode) for f in folds] == [(m, "in-sample") for m in models] + [
+        (m, "held-out") for m in models]
+    for fold in folds[3:]:
+        train = [m for m in models if m != fold.model]
+        coeffs = fit_on(train, rows, workloads)
+        errors = np.abs(relative_errors(rows[fold.model], workloads[fold.model], coeffs))
+        assert fold.throughput["median_abs_error"] == pytest.approx(np.median(errors))
+        priors = {m: fit_on([o for o in train if o != m], rows, workloads) for m in train}
+        inner = choose_params({m: replay.only({m}) for m in train}, workloads, priors,
+                              grid=SMALL_GRID)
+        assert fold.params == inner.params
+
+
 def test_the_choice_prefers_finding_every_cell_then_fewer_runs(small) -> None:
     _, replay = small
     alone = {m: replay.only({m}) for m in WORKLOADS}
