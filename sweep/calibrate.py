@@ -85,12 +85,13 @@ def fit_matrix(feats: np.ndarray, step_time: np.ndarray, prior: Coefficients = C
     features keep their prior. A weak ridge on φ keeps a term the data cannot see (say, no PP
     runs) at its physical prior instead of letting it drift.
 
-    Adam (`iterations` steps) brings φ near the minimum from any start; Newton's method then
-    solves for the minimum itself (`_newton`). Adam alone stops wherever its last step left it:
+    Adam (`iterations` steps) brings φ near the minimum from the prior's scale; Newton's method
+    then solves for the minimum itself (`_newton`). Adam alone stops wherever its last step left it:
     on the playbook's runs 3,000 steps left some coefficients 0.4 % from the minimum, and a
     change of one unit in the last place of the inputs (another CPU's exp and log, another
     NumPy) moved them by as much, so the committed fit could not be reproduced elsewhere. The
-    minimum does not depend on the path, so the fit reproduces to about 1e-12.
+    minimum does not depend on the path (200 to 3,000 Adam steps reach the same one), so the
+    fit reproduces to about 1e-13.
     """
     if len(step_time) < MIN_ROWS:
         raise ValueError(f"calibration needs at least {MIN_ROWS} completed runs, "
