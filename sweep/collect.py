@@ -28,7 +28,7 @@ from sweep.rows import config_columns, dense_peak, env_job_id, mfu_columns, prov
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
 from sweep.slurm_states import node_failures_in_srun_output
-from sweep.state import ENV_FILE, METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
+from sweep.state import ENV_FILE, METRICS_FILE, RUN_FILE, STATUS_FILE, attempt_dirs, json_record
 from sweep.verdict import SRUN_BLAME_SETTLED, srun_blame_lines
 
 RUNS_FILE = "runs.parquet"
@@ -68,12 +68,8 @@ def read_metrics(path: Path, issues: list[str]) -> tuple[list[dict[str, Any]], d
         for line in handle:
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                bad += 1
-                continue
-            if not isinstance(record, dict):
+            record = json_record(line)
+            if record is None:
                 bad += 1
             elif record.get("kind") == "step":
                 steps.append(record)

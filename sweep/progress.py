@@ -13,14 +13,13 @@ error in that figure does not change the coefficient of variation the rule looks
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sweep.state import METRICS_FILE
+from sweep.state import METRICS_FILE, json_record
 
 LOGS_DIR = "logs"
 StepMatcher = Callable[[str], object | None]  # a line -> a record with `.step` (`.step_time_s`), or None
@@ -121,15 +120,8 @@ class Progress:
         return self._tails[path]
 
     def _records(self, path: Path) -> list[dict[str, object]]:
-        records = []
-        for line in self._tail(path).read_lines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-        return records
+        return [record for line in self._tail(path).read_lines()
+                if (record := json_record(line)) is not None]
 
     def _log_files(self) -> list[Path]:
         try:

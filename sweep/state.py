@@ -98,6 +98,20 @@ def append_jsonl(path: str | Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def json_record(line: str) -> dict[str, Any] | None:
+    """The record a line of one of our JSON-lines files holds, or None when it holds none.
+
+    One rule for every reader (the ledger, metrics.jsonl in collect and in the watchdog, the
+    built-in workload's parser): a record is a whole JSON object on one line. A torn line (its
+    writer killed mid-write), a corrupt one, a bare value and nesting too deep to decode are not
+    records; what to say about them is the caller's business."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """Records of a JSON-lines file; a torn last line (a writer killed mid-write) is skipped."""
     try:
@@ -106,13 +120,8 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
         return
     with handle:
         for line in handle:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+            if line.strip() and (record := json_record(line)) is not None:
+                yield record
 
 
 def attempt_dirs(run_dir: str | Path) -> list[Path]:

@@ -31,6 +31,21 @@ def test_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
     assert [r["event"] for r in state.read_jsonl(ledger)] == ["before_sbatch", "after_sbatch"]
 
 
+def test_a_record_is_a_whole_json_object_on_one_line() -> None:
+    """The rule every JSON-lines reader shares (ledger, metrics.jsonl in collect and the watchdog)."""
+    assert state.json_record('{"kind": "step", "step": 3}\n') == {"kind": "step", "step": 3}
+    assert state.json_record('{"kind": "st') is None  # torn
+    assert state.json_record("[1, 2]") is None  # JSON, but no record
+    assert state.json_record("7") is None
+    assert state.json_record("[" * 100_000 + "]" * 100_000) is None  # too deep to decode
+
+
+def test_a_line_that_is_not_an_object_is_not_yielded(tmp_path: Path) -> None:
+    ledger = tmp_path / state.LEDGER_FILE
+    ledger.write_text('{"event": "before_sbatch"}\n[1, 2]\n"text"\n{"event": "after_sbatch"}\n')
+    assert [r["event"] for r in state.read_jsonl(ledger)] == ["before_sbatch", "after_sbatch"]
+
+
 def test_attempt_numbers_are_unique_under_concurrency(tmp_path: Path) -> None:
     made: list[Path] = []
     threads = [threading.Thread(target=lambda: made.append(state.new_attempt_dir(tmp_path)))

@@ -7,13 +7,13 @@ is not one is reported as a problem (with its line number) instead of being igno
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from sweep.logs.base import LineParser, ParsedLog, StepCollector, StepRecord
+from sweep.state import json_record
 
 FORMAT_VERSION = "builtin-1"
 
@@ -32,19 +32,11 @@ def _integer(record: dict[str, Any], key: str) -> int | None:
     return int(value) if math.isfinite(value) and float(value).is_integer() else None
 
 
-def _record(line: str) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line)
-    except (json.JSONDecodeError, RecursionError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 class BuiltinParser(LineParser):
     framework = "builtin"
 
     def match_step(self, line: str) -> StepRecord | None:
-        record = _record(line)
+        record = json_record(line)
         return _step_record(record) if record is not None else None
 
     def parse_lines(self, lines: Iterable[str], source: str, truncated: bool = False) -> ParsedLog:
@@ -54,7 +46,7 @@ class BuiltinParser(LineParser):
             collector.lines_read = number
             if not line.strip():
                 continue
-            record = _record(line)
+            record = json_record(line)
             kind = record.get("kind") if record is not None else None
             if kind == "summary":
                 summary = record
