@@ -47,8 +47,9 @@ from sweep.throughput import Coefficients, Workload
 
 @dataclass(frozen=True)
 class Settings:
-    """The adaptive settings that the choice ranges over: the floor (runs a cell makes before it
-    may close) and the optimism of the band (quantile of the sweep's own residuals)."""
+    """The adaptive settings that the choice ranges over: the floor (completed runs a cell
+    measures before it may close) and the optimism of the band (quantile of the sweep's own
+    residuals)."""
 
     min_cell_runs: int
     quantile: float

@@ -23,8 +23,9 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   families per cell, and a refit of every coefficient on them extrapolates to the families not
   yet run (closing cells short of a ZeRO-0 layout it never tried: the README's "Sweep economy"
   has the replays that showed it). A cell closes when no optimistic throughput beats its best
-  measured run by more than ε, once it has run a floor of min(min_cell_runs, min_cell_frac of
-  its candidates, at least 3).
+  measured run by more than ε, once it has measured a floor of min(min_cell_runs,
+  min_cell_frac of its candidates, at least 3) completed runs (a launch that failed measured
+  nothing for the rescaling and the band to stand on).
   What the search records per cell: the regret bound at closing (1 − best / the highest
   optimistic throughput left untried) and how many launches the floor forced (the band alone
   would have closed the cell). The OOM rules of ``pruned`` apply too.
@@ -85,7 +86,7 @@ class Params:
     quantile: float = 0.9      # optimism: this quantile of the cell's log(measured/predicted)
     min_margin: float = 0.05   # ... but never less optimistic than this
     max_rounds: int = 200
-    min_cell_runs: int = 16    # runs launched in a cell before it may close ...
+    min_cell_runs: int = 8     # completed runs in a cell before it may close ...
     min_cell_frac: float = 0.25  # ... or this share of its candidates, if smaller (at least 3)
     failed_is_oom: bool = False  # heuristic: an unclassified failure skips like an OOM
     heuristic_skips: bool = False  # heuristic: skip layouts the memory proxy says need more
@@ -355,7 +356,12 @@ def _adaptive(state: _State, model: Predictor) -> Search:
         batch: list[int] = []
         for cell, ids in open_untried.groupby(state.cells[open_untried].to_numpy()).items():
             measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
-            runs = int((state.cells[done] == cell).sum())
+            # The floor counts measurements, not launches: it is there so that the rescaling
+            # and the band stand on measured runs, and a launch that ran out of memory at its
+            # first step measured nothing. Counting launches, 8B's 2-node cell of the charts
+            # table closed on 2 completed runs out of 8 (one a pre-fix pipeline run at 0.36 of
+            # its prediction, which halved every estimate in the cell), 3.5 % short of its best.
+            runs = len(measured)
             needed = min(p.min_cell_runs, max(3, int(np.ceil(p.min_cell_frac * sizes[cell]))))
             band_closes = bool(len(measured)) and bool(
                 optimistic[ids].max() <= measured.max() * (1 + p.epsilon))

@@ -424,6 +424,23 @@ def test_adaptive_counts_floor_launches_and_reports_a_regret_bound_per_cell() ->
     assert table.forced_by_floor.sum() == headline["launches_forced_by_floor"]
 
 
+def test_the_floor_counts_measured_runs_not_launches() -> None:
+    """A launch that fails measures nothing for the rescaling and the band to stand on, so a cell
+    whose fastest predictions fail keeps going until it has measured its floor."""
+    from sweep.economy import Predictor
+
+    candidates = grid(nodes=(1,))
+    outcomes = oracle(candidates, capacity=np.inf, noise=0.02)
+    predicted = Predictor(candidates, WORKLOADS, Coefficients()).tokens_per_s_per_gpu(
+        candidates.index)
+    fastest = candidates.index[np.argsort(-predicted)[:8]]
+    outcomes.loc[fastest, ["status", "tokens_per_s_per_gpu"]] = ["failed", np.nan]
+    result, _, _ = run("adaptive", candidates, outcomes, min_cell_runs=6, min_cell_frac=1.0)
+    measured = int((result.launched.status == "completed").sum())
+    assert len(result.launched) < len(candidates)  # the cell closed ...
+    assert measured >= 6  # ... on six measurements, not on six launches
+
+
 def test_a_cell_where_the_model_is_wrong_gets_a_wider_band() -> None:
     """The optimism comes from the sweep's own residuals: scatter one cell's measurements and
     its untried candidates' optimistic throughput rises above their estimate by more."""

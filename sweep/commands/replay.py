@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, default=defaults.epsilon,
                         help=f"adaptive: closing margin (default {defaults.epsilon})")
     parser.add_argument("--min-cell-runs", type=int, default=defaults.min_cell_runs,
-                        help=f"adaptive: runs in a cell before it may close "
+                        help=f"adaptive: completed runs in a cell before it may close "
                              f"(default {defaults.min_cell_runs})")
     add_top_argument(parser)
 
