@@ -356,16 +356,13 @@ def _adaptive(state: _State, model: Predictor) -> Search:
         batch: list[int] = []
         for cell, ids in open_untried.groupby(state.cells[open_untried].to_numpy()).items():
             measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
-            # The floor counts measurements, not launches: it is there so that the rescaling
-            # and the band stand on measured runs, and a launch that ran out of memory at its
-            # first step measured nothing. Counting launches, 8B's 2-node cell of the charts
-            # table closed on 2 completed runs out of 8 (one a pre-fix pipeline run at 0.36 of
-            # its prediction, which halved every estimate in the cell), 3.5 % short of its best.
-            runs = len(measured)
+            # The floor counts measurements, not launches: the rescaling and the band stand on
+            # measured runs, and a launch that ran out of memory at its first step measured
+            # nothing (README, "Sweep economy": the charts table's cell this closed short).
             needed = min(p.min_cell_runs, max(3, int(np.ceil(p.min_cell_frac * sizes[cell]))))
             band_closes = bool(len(measured)) and bool(
                 optimistic[ids].max() <= measured.max() * (1 + p.epsilon))
-            if band_closes and runs >= needed:
+            if band_closes and len(measured) >= needed:
                 closed[str(cell)] = round_no
                 bound[str(cell)] = max(0.0, 1.0 - measured.max() / optimistic[ids].max())
                 continue
