@@ -54,7 +54,7 @@ class Evidence:
     derived_exit_code: str | None = None  # sacct DerivedExitCode
     step_states: tuple[str, ...] = ()  # sacct State of each step
     launch_error: str | None = None  # the launcher could not be started at all (exec failure)
-    # The watchdog ended the run because its step times were steady (sweep.steady.Window.to_json()).
+    # The watchdog ended the run because its step times were steady (sweep.early_stop.Window.to_json()).
     steady_state: Mapping[str, Any] | None = None
 
 

@@ -24,7 +24,14 @@ import pyarrow.parquet as pq
 
 from sweep import cuda_oom
 from sweep.local import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
-from sweep.rows import config_columns, dense_peak, env_job_id, mfu_columns, provenance_columns, steady_state
+from sweep.rows import (
+    config_columns,
+    dense_peak,
+    env_job_id,
+    mfu_columns,
+    provenance_columns,
+    step_statistics,
+)
 from sweep.runconfig import RunConfig
 from sweep.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
 from sweep.slurm_states import node_failures_in_srun_output
@@ -266,7 +273,7 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
         row["parser"] = METRICS_FORMAT
     else:
         steps = _steps_from_logs(row, attempt_dir, config.framework, issues)
-    stats = steady_state(steps, warmup, gbt, world)
+    stats = step_statistics(steps, warmup, gbt, world)
     _check_logged_rate(steps, warmup, stats, issues)
     last_step = row.get("last_step")
     row.update({k: v for k, v in stats.items() if v is not None})

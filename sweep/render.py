@@ -223,7 +223,7 @@ class RunResolver:
                        predicted=predicted)
 
 
-def run_config(spec: Spec, row: Mapping[str, Any]) -> RunConfig:
+def resolve_run(spec: Spec, row: Mapping[str, Any]) -> RunConfig:
     """The resolved configuration of one plan row (overrides applied, memory prediction from
     the plan's `mem_*` columns as `predicted`)."""
     return RunResolver(spec)(row)

@@ -75,7 +75,7 @@ def mfu_columns(shape: ModelShape, seq_len: int, tokens_per_sec_per_gpu: float |
     return row
 
 
-def steady_state(steps: list[dict[str, Any]], warmup: int, global_batch_tokens: int | None,
+def step_statistics(steps: list[dict[str, Any]], warmup: int, global_batch_tokens: int | None,
                  world_size: int | None) -> dict[str, Any]:
     """Statistics over the step records after the warm-up (by step number), nothing rounded."""
     ordered = sorted(steps, key=lambda s: s.get("step") or 0)

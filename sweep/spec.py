@@ -32,10 +32,10 @@ from pydantic import (
 from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from sweep import catalog
+from sweep.early_stop import EarlyStop
 from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
 from sweep.model import ModelShape, shape_problems
-from sweep.steady import EarlyStop
 from sweep.units import GiB
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -213,7 +213,7 @@ class RunSettings(_Strict):
     # when no virtualenv is activated on the compute node. The preflight checks it there.
     python: str | None = None
     seed: Annotated[int, Field(ge=0)] = 1234
-    early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.steady)
+    early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.early_stop)
 
     @field_validator("early_stop")
     @classmethod

@@ -8,7 +8,7 @@ within `hang_timeout_s`, is a hang. On a hang, on Slurm's USR1 (sent `signal_bef
 the time limit) or on TERM/INT, it stops the whole run: SIGTERM, a grace period, SIGKILL, then
 the processes that escaped the session, found by their tag. With `settings.early_stop`, a
 framework run (Megatron, nanotron, torchtitan) whose parsed step times are steady
-(`sweep.steady`) is stopped the same way and is `completed`, ended by `steady_state`; the
+(`sweep.early_stop`) is stopped the same way and is `completed`, ended by `steady_state`; the
 built-in workload stops itself. Steadiness is judged step by step on the shared logs, so every
 node's watchdog reaches it at the same step. It classifies the outcome from
 evidence, writes `node<k>.json`, and on node 0 writes the run's `status.json`, last.
@@ -29,9 +29,9 @@ from typing import Any
 
 from sweep import cleanup, jobinfo, proctree
 from sweep.classify import Verdict, scan_log_for_failures
+from sweep.early_stop import EarlyStop, Window, steady_window
 from sweep.progress import LOGS_DIR, Progress, StepMatcher
 from sweep.state import STATUS_FILE, append_jsonl, atomic_write_json, read_json
-from sweep.steady import EarlyStop, Window, steady_state
 from sweep.verdict import decide, log_text, merge_nodes, node_file, wait_for_node_files, wait_for_status
 
 EVENTS_FILE = "watchdog.jsonl"
@@ -377,7 +377,7 @@ class Watchdog:
             if step <= self._steady_checked or (budget is not None and step >= budget):
                 continue
             self._steady_checked = step
-            window = steady_state(ordered[max(0, index + 1 - rule.window):index + 1], rule,
+            window = steady_window(ordered[max(0, index + 1 - rule.window):index + 1], rule,
                                   self.config.warmup_steps)
             if window is not None and not self._failure_logged():
                 self.steady = window

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from sweep import catalog, flops
-from sweep.rows import dense_peak, mfu_columns, provenance_columns, steady_state
+from sweep.rows import dense_peak, mfu_columns, provenance_columns, step_statistics
 
 
 def steps(times: list[float], **extra: float) -> list[dict]:
@@ -14,7 +14,7 @@ def steps(times: list[float], **extra: float) -> list[dict]:
 
 def test_warm_up_is_skipped_by_step_number_and_std_is_the_sample_std() -> None:
     records = steps([9.0, 5.0, 1.0, 1.2, 0.8])[::-1]  # order on disk does not matter
-    row = steady_state(records, warmup=2, global_batch_tokens=4096, world_size=4)
+    row = step_statistics(records, warmup=2, global_batch_tokens=4096, world_size=4)
     assert row["step_time_n"] == 3 and row["step_time_mean_s"] == statistics.fmean([1.0, 1.2, 0.8])
     assert row["step_time_std_s"] == statistics.stdev([1.0, 1.2, 0.8])
     assert row["tokens_per_sec"] == 4096 / row["step_time_mean_s"]
@@ -23,15 +23,15 @@ def test_warm_up_is_skipped_by_step_number_and_std_is_the_sample_std() -> None:
 
 
 def test_one_steady_step_has_no_std_and_none_has_no_figures() -> None:
-    one = steady_state(steps([3.0, 1.0]), warmup=1, global_batch_tokens=10, world_size=1)
+    one = step_statistics(steps([3.0, 1.0]), warmup=1, global_batch_tokens=10, world_size=1)
     assert one["step_time_n"] == 1 and one["step_time_std_s"] is None
-    none = steady_state(steps([3.0, 1.0]), warmup=5, global_batch_tokens=10, world_size=1)
+    none = step_statistics(steps([3.0, 1.0]), warmup=5, global_batch_tokens=10, world_size=1)
     assert none["step_time_n"] == 0 and "step_time_mean_s" not in none and "tokens_per_sec" not in none
 
 
 def test_frameworks_that_log_only_rates_keep_their_mean_rate() -> None:
     records = [{"step": s, "tokens_per_sec_per_gpu": v} for s, v in ((1, 10.0), (2, 100.0), (3, 110.0))]
-    row = steady_state(records, warmup=1, global_batch_tokens=None, world_size=8)
+    row = step_statistics(records, warmup=1, global_batch_tokens=None, world_size=8)
     assert row["tokens_per_sec_per_gpu"] == 105.0 and row["tokens_per_sec"] == 840.0
 
 

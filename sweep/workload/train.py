@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from sweep.catalog import gpu_mismatch
+from sweep.early_stop import EarlyStop, Window, last_window, steady_window
 from sweep.runconfig import RunConfig
 from sweep.state import METRICS_FILE, atomic_write_json
-from sweep.steady import EarlyStop, Window, last_window, steady_state
 from sweep.workload import metrics
 from sweep.workload.data import Batch, global_batch, local_slice
 from sweep.workload.memory_tracking import MemoryProbe, tracked_peak
@@ -309,7 +309,7 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
             writer.write(record)
             result.records.append(record)
         if rule is not None and step < steps:
-            window = steady_state(_timed(result.records[-rule.window:]), rule, warmup) \
+            window = steady_window(_timed(result.records[-rule.window:]), rule, warmup) \
                 if writer is not None else None
             if _rank0_says(window is not None, device):
                 steady, ended_by = window, "steady_state"

@@ -33,7 +33,7 @@ def playbook_runs(repo_root: Path) -> list[tuple[Any, dict[str, str]]]:
     names = render.launch_templates(env, "nanotron")
     out = []
     for row in render.kept_rows(sample):
-        config = render.run_config(spec, row)
+        config = render.resolve_run(spec, row)
         out.append((config, render.render_files(env, config, Path("/sweep/runs") / config.run_id,
                                                 names)))
     return out

@@ -30,7 +30,7 @@ def rendered_scripts(spec_text: str, source: str) -> dict[str, str]:
     names = render.launch_templates(env, spec.framework)
     scripts = {}
     for row in render.kept_rows(space.plan(spec)):
-        config = render.run_config(spec, row)
+        config = render.resolve_run(spec, row)
         files = render.render_files(env, config, Path("/sweep/runs") / config.run_id, names)
         scripts.update({f"{config.run_id}/{rel}": text for rel, text in files.items()
                         if rel.endswith((".sh", ".sbatch"))})

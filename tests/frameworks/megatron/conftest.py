@@ -58,7 +58,7 @@ def rendered(spec: Spec, rows: pd.DataFrame) -> list[tuple[Any, dict[str, str]]]
     names = render.launch_templates(env, "megatron")
     out = []
     for row in render.kept_rows(rows):
-        config = render.run_config(spec, row)
+        config = render.resolve_run(spec, row)
         out.append((config, render.render_files(env, config, Path("/runs") / config.run_id,
                                                 names)))
     return out

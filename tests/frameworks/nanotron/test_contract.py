@@ -67,7 +67,7 @@ def rendered(request: pytest.FixtureRequest) -> tuple[str, list[tuple[RunConfig,
     names = render.launch_templates(env, "nanotron")
     runs = []
     for row in render.kept_rows(sample):
-        config = render.run_config(spec, row)
+        config = render.resolve_run(spec, row)
         files = render.render_files(env, config, Path("/sweep/runs") / config.run_id, names)
         runs.append((config, yaml.safe_load(files["launch/nanotron.yaml"])))
     return version, runs
@@ -123,7 +123,7 @@ def _first(version: str) -> dict[str, Any]:
     spec = family(version)
     plan = space.plan(spec)
     row = render.kept_rows(plan[plan["status"] == space.KEPT].head(1))[0]
-    config = render.run_config(spec, row)
+    config = render.resolve_run(spec, row)
     env = render.make_environment()
     files = render.render_files(env, config, Path("/r") / config.run_id,
                                 render.launch_templates(env, "nanotron"))

@@ -68,7 +68,7 @@ def rendered_cases(tmp: Path, version: str) -> list[dict[str, Any]]:
         kept = plan[plan["status"] == space.KEPT]
         sample = kept.groupby(SAMPLE_BY[dtype], observed=True).head(1)
         for row in render.kept_rows(sample):
-            config = render.run_config(spec, row)
+            config = render.resolve_run(spec, row)
             files = render.render_files(env, config, tmp / config.run_id, names)
             toml = tmp / f"{dtype}-{config.run_id}.toml"
             toml.write_text(files["launch/torchtitan.toml"])
@@ -188,7 +188,7 @@ def test_pruned_runs_are_ones_torchtitan_rejects(tmp_path: Path) -> None:
     env = render.make_environment()
     cases = []
     for row in render.kept_rows(sample.assign(status=space.KEPT)):
-        config = render.run_config(spec, row)
+        config = render.resolve_run(spec, row)
         files = render.render_files(env, config, tmp_path / config.run_id,
                                     ["launch/torchtitan.toml.j2"])
         toml = tmp_path / f"{config.run_id}.toml"

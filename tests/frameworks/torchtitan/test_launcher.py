@@ -31,7 +31,7 @@ def rendered(dtype: str = "fp8", version: str = "v0.2") -> dict[str, str]:
     spec = parse_spec(SPEC.format(dtype=dtype, version=version))
     rows = render.kept_rows(space.plan(spec))
     assert rows
-    config = render.run_config(spec, rows[0])
+    config = render.resolve_run(spec, rows[0])
     env = render.make_environment()
     return render.render_files(env, config, Path("/sweep/runs") / config.run_id,
                                render.launch_templates(env, "torchtitan"))

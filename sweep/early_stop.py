@@ -87,7 +87,7 @@ def last_window(steps: Sequence[tuple[int, float]], rule: EarlyStop,
                   cv=coefficient_of_variation([seconds for _, seconds in measured]), max_cv=rule.max_cv)
 
 
-def steady_state(steps: Sequence[tuple[int, float]], rule: EarlyStop,
+def steady_window(steps: Sequence[tuple[int, float]], rule: EarlyStop,
                  warmup_steps: int) -> Window | None:
     """The window that shows the run steady after its last step, or None: keep going.
 
@@ -99,4 +99,4 @@ def steady_state(steps: Sequence[tuple[int, float]], rule: EarlyStop,
     return window
 
 
-__all__ = ["EarlyStop", "Window", "coefficient_of_variation", "last_window", "steady_state"]
+__all__ = ["EarlyStop", "Window", "coefficient_of_variation", "last_window", "steady_window"]

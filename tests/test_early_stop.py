@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sweep.steady import EarlyStop, coefficient_of_variation, last_window, steady_state
+from sweep.early_stop import EarlyStop, coefficient_of_variation, last_window, steady_window
 
 RULE = EarlyStop(window=4, max_cv=0.05)
 
@@ -16,7 +16,7 @@ def numbered(times: list[float], first: int = 1) -> list[tuple[int, float]]:
 
 
 def test_steady_when_the_cv_of_the_last_window_is_under_the_threshold() -> None:
-    window = steady_state(numbered([3.0, 1.0, 1.01, 0.99, 1.0, 1.02]), RULE, warmup_steps=0)
+    window = steady_window(numbered([3.0, 1.0, 1.01, 0.99, 1.0, 1.02]), RULE, warmup_steps=0)
     assert window is not None and window.steady
     assert (window.first_step, window.last_step, window.window) == (3, 6, 4)
     assert window.cv == pytest.approx(coefficient_of_variation([1.01, 0.99, 1.0, 1.02]))
@@ -25,43 +25,43 @@ def test_steady_when_the_cv_of_the_last_window_is_under_the_threshold() -> None:
 
 def test_not_steady_when_the_times_still_vary() -> None:
     steps = numbered([1.0, 1.5, 0.7, 1.3, 0.9])
-    assert steady_state(steps, RULE, warmup_steps=0) is None
+    assert steady_window(steps, RULE, warmup_steps=0) is None
     window = last_window(steps, RULE, warmup_steps=0)
     assert window is not None and not window.steady and window.cv > 0.05
 
 
 def test_warm_up_steps_never_count() -> None:
     steps = numbered([1.0, 1.0, 1.0, 1.0, 1.0])
-    assert steady_state(steps, RULE, warmup_steps=0) is not None
-    assert steady_state(steps, RULE, warmup_steps=2) is None  # three measured steps < window 4
-    window = steady_state(numbered([1.0] * 6), RULE, warmup_steps=2)
+    assert steady_window(steps, RULE, warmup_steps=0) is not None
+    assert steady_window(steps, RULE, warmup_steps=2) is None  # three measured steps < window 4
+    window = steady_window(numbered([1.0] * 6), RULE, warmup_steps=2)
     assert window is not None and window.first_step == 3
 
 
 def test_too_few_steps_is_not_steady() -> None:
-    assert steady_state([], RULE, 0) is None
-    assert steady_state(numbered([1.0, 1.0, 1.0]), RULE, 0) is None
+    assert steady_window([], RULE, 0) is None
+    assert steady_window(numbered([1.0, 1.0, 1.0]), RULE, 0) is None
 
 
 def test_min_steps_holds_the_rule_back_until_that_step() -> None:
     rule = EarlyStop(window=4, max_cv=0.05, min_steps=8)
-    assert steady_state(numbered([1.0] * 7), rule, 0) is None
-    assert steady_state(numbered([1.0] * 8), rule, 0) is not None
+    assert steady_window(numbered([1.0] * 7), rule, 0) is None
+    assert steady_window(numbered([1.0] * 8), rule, 0) is not None
 
 
 def test_step_numbers_of_interval_logs_are_kept() -> None:
     """Frameworks that log every 10 steps: warm-up is by step number, the window by record."""
     steps = [(10, 5.0), (20, 1.0), (30, 1.0), (40, 1.0), (50, 1.0)]
-    window = steady_state(steps, RULE, warmup_steps=15)
+    window = steady_window(steps, RULE, warmup_steps=15)
     assert window is not None and (window.first_step, window.last_step) == (20, 50)
-    assert steady_state(steps, RULE, warmup_steps=25) is None
+    assert steady_window(steps, RULE, warmup_steps=25) is None
 
 
 def test_undefined_cv_is_never_steady() -> None:
     assert coefficient_of_variation([1.0]) == math.inf
     assert coefficient_of_variation([0.0, 0.0]) == math.inf
     assert coefficient_of_variation([1.0, math.nan]) == math.inf
-    assert steady_state(numbered([0.0] * 5), RULE, 0) is None
+    assert steady_window(numbered([0.0] * 5), RULE, 0) is None
 
 
 def test_settings_turn_it_on_and_bad_values_name_the_field() -> None:
