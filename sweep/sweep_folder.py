@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from sweep.bad_nodes import BadNodes
 from sweep.budget import RunCost, expected_seconds
 from sweep.errors import UserError
 from sweep.render import JOB_FILE, RUNS_DIR, run_dirs_of
 from sweep.state import LEDGER_FILE, RUN_FILE, read_json, read_jsonl
 from sweep.submission import RunJob, Submission, SubmissionError, shape_of, submissions
 
-BAD_NODES_FILE: Final = "bad_nodes.json"
 # Every candidate's fate in the sweep's last search, launched or skipped (`sweep.live_search`).
 SEARCH_RUNS_FILE: Final = "search_runs.csv"
 
@@ -133,8 +133,7 @@ class SweepFolder:
         return submissions(read_jsonl(self.ledger))
 
     def excluded(self) -> list[str]:
-        data = read_json(self.dir / BAD_NODES_FILE) or {}
-        return sorted(data.get("exclude") or [])
+        return BadNodes(self.dir).exclude()
 
     def run_costs(self, run_ids: Sequence[str],
                   step_times: dict[str, float] | None = None) -> list[RunCost]:

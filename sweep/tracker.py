@@ -1,9 +1,9 @@
 """A sweep folder as Slurm sees it: submit batches, observe run states, keep the exclude list.
 
 The I/O side of `sweep.submission` (which holds the rules), by job: reading the folder (run
-folders, the ledger, the exclude list: `sweep.sweep_folder.SweepFolder`, which Tracker extends),
-submitting (task lists, the array wrapper, sbatch under the sweep's lock) and observing (squeue,
-sacct and the attempt folders, node failures). Slurm is called through `sweep.slurm.Slurm`; the
+folders, the ledger: `sweep.sweep_folder.SweepFolder`, which Tracker extends), submitting (task
+lists, the array wrapper, sbatch under the sweep's lock) and observing (squeue, sacct and the
+attempt folders, node failures, which go to the sweep's bad-node file: `sweep.bad_nodes`). Slurm is called through `sweep.slurm.Slurm`; the
 round loop of a search lives in `sweep.slurm_backend`. The commands (submit, status, resume,
 cancel, nodes) are thin layers over `Tracker`.
 
@@ -14,9 +14,7 @@ Files in the sweep folder:
   batches/<batch>/<i>       a link to runs/<run id>/attempts, so that Slurm's own output file
                             (--output=batches/<batch>/%a/slurm-%A_%a.out) lands in the run
   budget_left_out.txt       runs the GPU-hour cap (max_gpu_hours) kept from being launched
-  bad_nodes.json            node failures seen, the nodes excluded from later submissions (since
-                            when), and those taken out of `exclude` again (forgiven_at; by hand
-                            or `sweep nodes --forgive`)
+  bad_nodes.json            node failures seen and the exclude list (sweep.bad_nodes)
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from sweep.bad_nodes import BadNodes
 from sweep.budget import Fit, Spend, committed_gpu_hours, fit_budget
 from sweep.errors import UserError
 from sweep.progress import read_tail
@@ -45,11 +44,9 @@ from sweep.state import (
     STATUS_FILE,
     LockHeld,
     append_jsonl,
-    atomic_write_json,
     atomic_write_text,
     attempt_dirs,
     exclusive_lock,
-    read_json,
     read_jsonl,
 )
 from sweep.submission import (
@@ -64,23 +61,15 @@ from sweep.submission import (
     TaskRef,
     array_option,
     batch_in,
-    change_exclusions,
     expand_task_ids,
     job_comment,
     latest_tasks,
-    node_records,
     plan_batches,
     reconcile,
     run_state,
     shape_options,
-    update_exclusions,
 )
-from sweep.sweep_folder import (
-    BAD_NODES_FILE,
-    RunInfo,
-    SweepFolder,
-    read_json_safe,
-)
+from sweep.sweep_folder import RunInfo, SweepFolder, read_json_safe
 from sweep.verdict import LOG_TAIL_BYTES, SRUN_BLAME_SETTLED, srun_node_failure
 
 BATCHES_DIR: Final = "batches"
@@ -129,6 +118,7 @@ class Tracker(SweepFolder):
         super().__init__(sweep_dir)
         self.slurm = slurm or Slurm()
         self.batches = self.dir / BATCHES_DIR
+        self.bad_nodes = BadNodes(self.dir)
 
     # -- budget -----------------------------------------------------------------------------
 
@@ -297,7 +287,7 @@ class Tracker(SweepFolder):
             failure = self._node_failure(state, view)
             if failure is not None:
                 failures.append(failure)
-        excluded = self._update_bad_nodes(failures)
+        excluded = self.bad_nodes.merge(failures, self._unhealthy_nodes)
         calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items()
                  if v - before.get(k, 0)}
         return Observation(states=states, infos=self.run_info(), failures=failures,
@@ -383,72 +373,20 @@ class Tracker(SweepFolder):
 
     def nodes(self) -> list[NodeRecord]:
         """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
-        data = self._read_bad_nodes()
-        return node_records(_exclusions_of(data),
-                            [(_node_failure_of(f), _seen_at(f)) for f in data.get("failures") or []])
+        return self.bad_nodes.records()
 
     def change_exclusions(self, *, forgive: Sequence[str] = (),
                           exclude: Sequence[str] = ()) -> NodeExclusions:
-        """Forgive nodes (back into use; their failures so far stop counting) or exclude them."""
+        """Forgive nodes (back into use; their failures so far stop counting) or exclude them,
+        under the submit lock."""
         with self.lock():
-            data = self._read_bad_nodes()
-            changed = change_exclusions(_exclusions_of(data), forgive=forgive, exclude=exclude,
-                                        now=time.time())
-            self._write_bad_nodes(data, changed, list(data.get("failures") or []))
-        return changed
-
-    def _update_bad_nodes(self, failures: Sequence[NodeFailure]) -> list[str]:
-        """Merge newly seen failures into bad_nodes.json; returns the exclude list."""
-        data = self._read_bad_nodes()
-        now = time.time()
-        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures") or []}
-        new = [f for f in failures if (f.run_id, f.attempt, f.kind) not in known]
-        unhealthy = self._unhealthy_nodes() if any(not f.exact for f in new) else set()
-        for failure in new:
-            # A node failure Slurm did not pin on a node (the batch host died with its srun):
-            # the job's nodes that Slurm holds down or unresponsive now, when there are any.
-            suspects = [n for n in failure.nodes if n in unhealthy] if not failure.exact else []
-            known[(failure.run_id, failure.attempt, failure.kind)] = {
-                "run_id": failure.run_id, "attempt": failure.attempt, "kind": failure.kind,
-                "nodes": suspects or list(failure.nodes), "seen_at": now,
-                "ended_at": failure.ended_at,
-                "blame": "exact" if failure.exact else "sinfo" if suspects else "every node of the job"}
-        exclusions = update_exclusions(
-            _exclusions_of(data), [(_node_failure_of(f), _seen_at(f)) for f in known.values()], now)
-        self._write_bad_nodes(data, exclusions, list(known.values()))
-        return list(exclusions.exclude)
+            return self.bad_nodes.change(forgive=forgive, exclude=exclude)
 
     def _unhealthy_nodes(self) -> set[str]:
         try:
             return self.slurm.unhealthy_nodes()
         except SlurmError:
             return set()
-
-    def _read_bad_nodes(self) -> dict[str, Any]:
-        return read_json(self.dir / BAD_NODES_FILE) or {}
-
-    def _write_bad_nodes(self, before: dict[str, Any], exclusions: NodeExclusions,
-                         failures: list[dict[str, Any]]) -> None:
-        """Write bad_nodes.json, unless it would stay as `before` (what was read from it)."""
-        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
-                   "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
-        if updated != before:
-            atomic_write_json(self.dir / BAD_NODES_FILE, updated)
-
-
-def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
-    return NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
-                          data.get("forgiven_at") or {})
-
-
-def _node_failure_of(record: dict[str, Any]) -> NodeFailure:
-    ended = record.get("ended_at")
-    return NodeFailure(record["run_id"], record.get("attempt"), record["kind"], tuple(record["nodes"]),
-                       ended_at=float(ended) if isinstance(ended, (int, float)) else None)
-
-
-def _seen_at(record: dict[str, Any]) -> float:
-    return float(record.get("seen_at") or 0.0)
 
 
 def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:

@@ -1,21 +1,20 @@
 """`sweep nodes`: the bad-node list of a sweep folder, read and changed without Slurm. The
-failures are merged by the same code `sweep status` runs (Tracker._update_bad_nodes); the live
-path, a node really killed under Slurm, is in tests/commands/test_resume.py."""
+failures are merged by the same code `sweep status` runs (sweep.bad_nodes.BadNodes.merge); the
+live path, a node really killed under Slurm, is in tests/commands/test_resume.py."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from sweep.bad_nodes import BAD_NODES_FILE, BadNodes
 from sweep.cli import main
-from sweep.slurm import Slurm
 from sweep.submission import NodeFailure
-from sweep.tracker import BAD_NODES_FILE, Tracker
+from sweep.tracker import Tracker
 
 
 @pytest.fixture
@@ -27,7 +26,7 @@ def sweep_dir(tmp_path: Path) -> Path:
 def fail(sweep_dir: Path, *failures: tuple[str, str]) -> list[str]:
     """Record failed attempts (run id, node) as a status poll would; returns the exclude list."""
     time.sleep(0.01)  # a failure seen strictly after any earlier forgiving
-    return Tracker(sweep_dir)._update_bad_nodes(
+    return BadNodes(sweep_dir).merge(
         [NodeFailure(run, 1, "node_fail", (node,)) for run, node in failures])
 
 
@@ -74,34 +73,6 @@ def test_nodes_excluded_by_hand_stay_out_whatever_the_polls_see(sweep_dir: Path,
     assert "gpu07 0 0 excluded by hand since" in out and "gpu01 1 1 in use" in out
     assert sweep_nodes(capsys, str(sweep_dir), "--forgive", "gpu08")[0] == 0
     assert Tracker(sweep_dir).excluded() == ["gpu07", "gpu11"]
-
-
-def test_a_node_failure_slurm_pinned_on_no_node_blames_the_nodes_slurm_holds_down(
-        sweep_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A 4-node job whose batch host died: NODE_FAIL, and no srun line names a node. Stand-in
-    for the cluster (labelled: this machine has no 4-node job to lose): sinfo's answer at the
-    first poll that sees the failure. The live sinfo call is tested in tests/test_slurm.py."""
-    sinfo = "gpu1|allocated\ngpu2|down*\ngpu3|allocated\ngpu4|idle\ngpu9|drained\n"
-    calls: list[list[str]] = []
-
-    def cluster(argv: list[str]) -> subprocess.CompletedProcess[str]:
-        calls.append(argv)
-        return subprocess.CompletedProcess(argv, 0, sinfo, "")
-
-    tracker = Tracker(sweep_dir, slurm=Slurm(runner=cluster))
-    job_nodes = ("gpu1", "gpu2", "gpu3", "gpu4")
-    unpinned = NodeFailure("a", 1, "node_fail", job_nodes, exact=False)
-    assert tracker._update_bad_nodes([unpinned]) == []
-    assert tracker._update_bad_nodes([unpinned]) == []  # seen before: no second sinfo call
-    assert [argv[0] for argv in calls] == ["sinfo"]
-    [record] = json.loads((sweep_dir / BAD_NODES_FILE).read_text())["failures"]
-    assert (record["nodes"], record["blame"]) == (["gpu2"], "sinfo")
-
-    sinfo = "gpu1|allocated\ngpu2|idle\ngpu3|idle\ngpu4|idle\n"  # back before the next poll saw it
-    assert tracker._update_bad_nodes([NodeFailure("b", 1, "node_fail", job_nodes, exact=False)]) == ["gpu2"]
-    records = json.loads((sweep_dir / BAD_NODES_FILE).read_text())["failures"]
-    assert (records[1]["nodes"], records[1]["blame"]) == (list(job_nodes), "every node of the job")
-    assert "gpu2 2 2 excluded after 2 failures" in sweep_nodes(capsys, str(sweep_dir))[1]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
