@@ -66,7 +66,7 @@ def format_value(metric: str, value: float) -> str:
     return f"{value:,.0f} tok/s" if abs(value) >= 100 else f"{value:.3g} tok/s"
 
 
-def cell_keys(runs: pd.DataFrame, plan: pd.DataFrame | None = None) -> tuple[list[str], list[int]]:
+def heatmap_axes(runs: pd.DataFrame, plan: pd.DataFrame | None = None) -> tuple[list[str], list[int]]:
     """Models ordered by size, then node counts ascending: the heatmap's rows and columns
     (with a plan, also the cells that were planned but never ran)."""
     sizes = runs.groupby("model", sort=False)["model_params"].max().fillna(0).to_dict()
@@ -122,7 +122,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
     """
     column = ranking_column(metric, convention)
     shown_mfu = mfu_column(convention)
-    models, nodes = cell_keys(runs, plan)
+    models, nodes = heatmap_axes(runs, plan)
     planned = dict(tuple(plan.groupby(["model", "nodes"], sort=False))) if plan is not None else {}
     labels = _labels(runs)
     sizes = runs.groupby("model")["model_params"].max().to_dict()

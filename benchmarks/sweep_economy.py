@@ -27,11 +27,11 @@ import pandas as pd
 
 from sweep.calibrate import workloads_for
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
-from sweep.economy import Params, search
 from sweep.refdata import refdata_dir
 from sweep.replay_tables import replay_table
 from sweep.search_report import score
 from sweep.spec import load_spec
+from sweep.strategies import Params, search
 
 REPO = Path(__file__).resolve().parents[1]
 REFDATA = refdata_dir()

@@ -1,6 +1,6 @@
 """One interface for where a sweep's runs execute, and the one round loop every search runs on.
 
-A search strategy (sweep.economy, through sweep.live_search) asks for a batch of runs and waits
+A search strategy (sweep.strategies, through sweep.live_search) asks for a batch of runs and waits
 for their outcomes, round after round. Where they run differs: `sweep run` emulates Slurm on
 this machine (sweep.local.LocalBackend), `sweep submit --foreground` and the detached search
 driver submit job arrays to Slurm (sweep.slurm_backend.SlurmBackend). Both offer the same three

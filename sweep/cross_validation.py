@@ -15,7 +15,7 @@ fitted on the *other* training models (the physical prior when there are none, s
 itself made out of sample); the chosen entry finds every training cell within 2 % of its best
 with the fewest runs (else the most cells, then the fewest runs; ties go to the earlier, cheaper
 entry).
-The defaults of `sweep.economy.Params` are this choice on the playbook's charts table with the
+The defaults of `sweep.strategies.Params` are this choice on the playbook's charts table with the
 physical prior (`default_settings`, for each strategy; a test reproduces them).
 
 Pure: no I/O.
@@ -38,10 +38,10 @@ from sweep.calibrate import (
     without_fit_exclusions,
     workloads_for,
 )
-from sweep.economy import Params, search
 from sweep.replay_tables import Replay, normalise_runs
 from sweep.search_report import score
 from sweep.spec import Spec
+from sweep.strategies import Params, search
 from sweep.throughput import Coefficients, Workload
 
 

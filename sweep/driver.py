@@ -98,12 +98,12 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.budget import BudgetReached
     from sweep.calibrate import workloads_for
     from sweep.coefficients_file import sweep_coefficients
-    from sweep.economy import Params
     from sweep.live_search import search_sweep
     from sweep.plan_file import PLAN_FILE, SPEC_COPY
     from sweep.round_calibration import for_search
     from sweep.slurm_backend import SlurmBackend
     from sweep.spec import load_spec
+    from sweep.strategies import Params
     from sweep.tracker import LEFT_OUT_FILE, Tracker
 
     if not (folder / PLAN_FILE).is_file() or not (folder / SPEC_COPY).is_file():

@@ -1,6 +1,6 @@
-"""A search strategy over a live sweep: economy's oracle answered by running and collecting.
+"""A search strategy over a live sweep: a strategy's oracle answered by running and collecting.
 
-`sweep.economy.search` asks an oracle for the outcomes of a batch of candidates. In a replay the
+`sweep.strategies.search` asks an oracle for the outcomes of a batch of candidates. In a replay the
 oracle is a published table; here it runs the candidates' rendered run folders (one round of
 `sweep.backends.Rounds`, on the local backend or on Slurm) and reads their outcomes back from
 the attempt folders through `sweep collect`, so a strategy sees exactly what the report will
@@ -19,7 +19,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep import economy, search_report
+from sweep import search_report, strategies
 from sweep.backends import Rounds
 from sweep.collect import update_runs
 from sweep.round_calibration import RoundCalibration
@@ -28,7 +28,7 @@ from sweep.sweep_folder import SEARCH_RUNS_FILE
 from sweep.throughput import Coefficients, Workload
 
 SEARCH_PROGRESS_FILE: Final = "search_progress.csv"
-# economy's outcome classes: what the skipping rules and the model need to know.
+# the strategies' outcome classes: what the skipping rules and the model need to know.
 _STATUS: Final = {"completed": "completed", "oom": "oom"}
 
 
@@ -36,7 +36,7 @@ _STATUS: Final = {"completed": "completed", "oom": "oom"}
 class LiveSearch:
     """What a strategy did on a live sweep."""
 
-    result: economy.Search
+    result: strategies.Search
     candidates: pd.DataFrame  # kept plan rows, indexed 0..n-1, with run_id
     progress: pd.DataFrame  # search_report.progress: per cell
 
@@ -55,13 +55,13 @@ class LiveSearch:
 
 
 def candidates_of(plan: pd.DataFrame) -> pd.DataFrame:
-    """The kept plan rows as search candidates, indexed 0..n-1 (economy indexes by position)."""
+    """The kept plan rows as search candidates, indexed 0..n-1 (the strategies index by position)."""
     kept = plan[plan["status"] == KEPT] if "status" in plan else plan
     return kept.reset_index(drop=True)
 
 
 def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFrame:
-    """The latest attempt of each run as economy outcomes (status, tokens/s/GPU, GPU-hours).
+    """The latest attempt of each run as the strategies' outcomes (status, tokens/s/GPU, GPU-hours).
 
     A completed run that logged no throughput cannot be ranked: it counts as failed, as does a
     run with no attempt at all (its job never started)."""
@@ -78,7 +78,7 @@ def outcomes_from_runs(runs: pd.DataFrame, run_ids: Sequence[str]) -> pd.DataFra
 
 def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
                  workloads: Mapping[str, Workload], rounds: Rounds,
-                 params: economy.Params = economy.Params(),
+                 params: strategies.Params = strategies.Params(),
                  calibration: RoundCalibration | None = None,
                  plan_coefficients: Coefficients | None = None) -> LiveSearch:
     """Run `strategy` over the sweep's kept runs: each round's runs go to `rounds` (those its
@@ -106,7 +106,7 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
         return answer.set_axis(ids)
 
     prior = plan_coefficients if strategy == "shortlist" and plan_coefficients else Coefficients()
-    result = economy.search(candidates, oracle, strategy, workloads, prior=prior, params=params,
+    result = strategies.search(candidates, oracle, strategy, workloads, prior=prior, params=params,
                             held=None if calibration is None else calibration.held,
                             replan=calibration)
     considered = candidates.loc[result.considered]  # without what the plan never kept

@@ -1,4 +1,4 @@
-"""What an observed OOM rules out, told apart as a proof or a heuristic (`sweep.economy`'s
+"""What an observed OOM rules out, told apart as a proof or a heuristic (`sweep.strategies`'s
 searches skip by it).
 
 The proof (``pruned:oom_monotonic``) compares a candidate only with a run of the same cell,

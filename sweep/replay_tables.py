@@ -1,5 +1,5 @@
 """A published sweep as a replay: its table normalised to candidates and outcomes, so that
-`sweep.economy.search` can run on it with the table as the oracle (`sweep replay`,
+`sweep.strategies.search` can run on it with the table as the oracle (`sweep replay`,
 `sweep calibrate`, and the leave-one-model-out of `sweep.cross_validation`).
 
 Pure: tables in, tables out.

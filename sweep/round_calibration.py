@@ -19,7 +19,7 @@ based on is recorded in the sweep folder:
   plan` agree with what the search did.
 
 The adaptive strategy corrects the throughput model's predictions by the measured ratio of each
-candidate's family and cell after every round (`sweep.economy`); it keeps the plan's coefficients,
+candidate's family and cell after every round (`sweep.strategies`); it keeps the plan's coefficients,
 which are recorded here per round, as the ones its picks were made with.
 """
 
@@ -36,11 +36,11 @@ import pandas as pd
 from sweep import self_calibration, space
 from sweep.calibrate import with_predictions
 from sweep.collect import RUNS_FILE
-from sweep.economy import Replanned
 from sweep.plan_file import PLAN_FILE
 from sweep.render import render_runs
 from sweep.spec import Spec
 from sweep.state import append_jsonl, atomic_write_json, atomic_write_with, read_jsonl
+from sweep.strategies import Replanned
 from sweep.throughput import Coefficients
 
 ROUNDS_FILE: Final = "calibration_rounds.jsonl"
@@ -57,7 +57,7 @@ class NotCalibratable(ValueError):
 
 @dataclass
 class RoundCalibration:
-    """The re-plan an `economy.search` calls between rounds (`economy.Replan`).
+    """The re-plan an `strategies.search` calls between rounds (`strategies.Replan`).
 
     `candidates` are the prior plan's rows the memory rule judges (kept or pruned:memory),
     indexed 0..n-1, with their run ids (None until a re-plan keeps them); `initially_kept` are

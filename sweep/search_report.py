@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from sweep.economy import Search
 from sweep.oom_rules import CELL, HEURISTIC, PROOF, cell_keys
+from sweep.strategies import Search
 
 
 def cell_order(frame: pd.DataFrame) -> list[str]:

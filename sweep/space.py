@@ -263,7 +263,7 @@ def memory_over(mem: Mapping[str, ArrayLike], budget: int, probes: bool = True) 
     end of its band: the reserved peak's left-out error (`reserved_interval`; the CUDA/NCCL
     overhead outside the allocator is added as predicted). A candidate the band puts on both
     sides of the limit is not pruned: the model cannot tell, so the run is kept as a *probe*
-    (`is_probe`), and its outcome decides it and, through the OOM proof of `sweep.economy`, its
+    (`is_probe`), and its outcome decides it and, through the OOM proof of `sweep.strategies`, its
     neighbours. Why the band and not a larger headroom: the error is a share of the allocator's
     bytes, not of the GPU, and it was measured on models the constants were not fitted on.
     """

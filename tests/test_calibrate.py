@@ -170,11 +170,11 @@ def test_calibrate_leaves_out_the_pipeline_runs_made_before_nanotrons_fix(refdat
     `pipe_tp_sync`)."""
     from pathlib import Path
 
-    from sweep.commands.calibrate import completed_groups
+    from sweep.runs_table import completed_groups
     from sweep.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "playbook.yaml")
-    groups = completed_groups(refdata / "playbook_bench_full_1B_8B.csv", spec)
+    groups = completed_groups(refdata / "playbook_bench_full_1B_8B.csv", spec, on_left_out=print)
     printed = capsys.readouterr().out
     assert "left out 771 pipeline runs" in printed  # 266 completed, 505 not
     assert "left out 10 runs on a node whose NVLink all-reduce measured under half" in printed
@@ -190,11 +190,11 @@ def test_the_calibrated_model_is_within_15_percent_on_the_playbook_runs(refdata,
     8B)."""
     from pathlib import Path
 
-    from sweep.commands.calibrate import completed_groups
+    from sweep.runs_table import completed_groups
     from sweep.spec import load_spec
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / "playbook.yaml")
-    groups = completed_groups(refdata / "playbook_bench_full_1B_8B.csv", spec)
+    groups = completed_groups(refdata / "playbook_bench_full_1B_8B.csv", spec, on_left_out=print)
     capsys.readouterr()
     assert fit([(frame, work) for _, frame, work in groups]).median_abs_error <= 0.15
     for name, frame, work in groups:

@@ -21,8 +21,8 @@ from sweep.cross_validation import (
     leave_one_model_out,
     summary,
 )
-from sweep.economy import Params
 from sweep.replay_tables import replay_table
+from sweep.strategies import Params
 from sweep.throughput import Coefficients, Workload
 
 H100 = get_gpu("h100-sxm")

@@ -30,7 +30,7 @@ def positive(text: str) -> int:
 
 def add_top_argument(parser: argparse.ArgumentParser) -> None:
     """`--top K`, the shortlist strategy's length (shared by `run`, `submit` and `replay`)."""
-    from sweep.economy import Params
+    from sweep.strategies import Params
 
     parser.add_argument("--top", type=positive, default=None, metavar="K",
                         help="shortlist: run each cell's K fastest predicted candidates, the "

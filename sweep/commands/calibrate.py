@@ -16,15 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from sweep import runs_table
 from sweep.calibrate import error_summary, fit, relative_errors
 from sweep.coefficients_file import COEFFICIENTS_FILE, coefficients_payload
 from sweep.errors import UserError
-from sweep.spec import Spec, load_spec
+from sweep.spec import load_spec
 from sweep.state import atomic_write_text
-from sweep.throughput import Workload
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,15 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{COEFFICIENTS_FILE})")
 
 
-def completed_groups(path: Path, spec: Spec) -> list[tuple[str, pd.DataFrame, Workload]]:
-    """(model name, completed runs, workload) per spec model that has runs in the table,
-    printing how many runs the fit leaves out and why (`sweep.runs_table.completed_groups`)."""
-    return runs_table.completed_groups(path, spec, on_left_out=print)
-
-
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
-    groups = completed_groups(args.runs, spec)
+    groups = runs_table.completed_groups(args.runs, spec, on_left_out=print)
     try:
         result = fit([(frame, work) for _, frame, work in groups])
     except ValueError as error:

@@ -30,12 +30,12 @@ from sweep.calibrate import model_names_for, workloads_for
 from sweep.coefficients_file import load_coefficients
 from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.cross_validation import completed_rows, leave_one_model_out, summary
-from sweep.economy import STRATEGIES, Params, search
 from sweep.errors import UserError
 from sweep.replay_tables import Replay, normalise_runs, replay_table
 from sweep.runs_table import read_runs_frame
 from sweep.search_report import score
 from sweep.spec import load_spec
+from sweep.strategies import STRATEGIES, Params, search
 from sweep.throughput import Coefficients, Workload
 
 

@@ -4,7 +4,7 @@ plan → render → run every job.sbatch through the local backend (the scripts 
 run, with Slurm's environment emulated) → collect → report. Runs that already have a verdict are
 not run again, so a second `sweep run` on a finished sweep does nothing, and one after an
 interruption (Ctrl-C, `kill`) finishes the rest. With `--strategy pruned|adaptive|shortlist` the
-search of sweep.economy picks the runs, round by round, and what it skipped is written beside
+search of sweep.strategies picks the runs, round by round, and what it skipped is written beside
 runs.parquet.
 """
 
@@ -29,7 +29,6 @@ from sweep.backends import Rounds
 from sweep.calibrate import workloads_for
 from sweep.coefficients_file import sweep_coefficients
 from sweep.commands._shared import add_top_argument, shortlist_top
-from sweep.economy import STRATEGIES, Params
 from sweep.errors import UserError
 from sweep.live_search import search_sweep
 from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
@@ -38,6 +37,7 @@ from sweep.render_sweep import Rendered, render_sweep
 from sweep.round_calibration import for_search
 from sweep.runconfig import load as load_run
 from sweep.state import LockHeld
+from sweep.strategies import STRATEGIES, Params
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ already rendered. Runs of one resource shape go into one array (split at MaxArra
 by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
 submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
 
-With `--strategy pruned|adaptive|shortlist` the search of sweep.economy picks the runs, round by
+With `--strategy pruned|adaptive|shortlist` the search of sweep.strategies picks the runs, round by
 round.
 Detached (the default for a search), a small CPU job on the cluster runs it (`sweep.driver`) and
 this command exits in seconds; `--foreground` runs it here: submits a round, waits for it
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweep.commands._shared import add_submit_options, add_top_argument, shortlist_top
-from sweep.economy import STRATEGIES
 from sweep.errors import UserError
 from sweep.plan_file import budget_cap, driver_settings
+from sweep.strategies import STRATEGIES
 
 if TYPE_CHECKING:
     from sweep.driver import SearchOptions

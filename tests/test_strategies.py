@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from sweep.catalog import get_gpu, get_model
-from sweep.economy import Params, Replanned, search
 from sweep.oom_rules import OomRules, memory_components
 from sweep.replay_tables import replay_table
 from sweep.search_report import score
+from sweep.strategies import Params, Replanned, search
 from sweep.throughput import Coefficients, Workload, predict
 
 H100 = get_gpu("h100-sxm")
@@ -427,7 +427,7 @@ def test_adaptive_counts_floor_launches_and_reports_a_regret_bound_per_cell() ->
 def test_the_floor_counts_measured_runs_not_launches() -> None:
     """A launch that fails measures nothing for the rescaling and the band to stand on, so a cell
     whose fastest predictions fail keeps going until it has measured its floor."""
-    from sweep.economy import Predictor
+    from sweep.strategies import Predictor
 
     candidates = grid(nodes=(1,))
     outcomes = oracle(candidates, capacity=np.inf, noise=0.02)
@@ -444,7 +444,7 @@ def test_the_floor_counts_measured_runs_not_launches() -> None:
 def test_a_cell_where_the_model_is_wrong_gets_a_wider_band() -> None:
     """The optimism comes from the sweep's own residuals: scatter one cell's measurements and
     its untried candidates' optimistic throughput rises above their estimate by more."""
-    from sweep.economy import Predictor, _estimates, _State
+    from sweep.strategies import Predictor, _estimates, _State
 
     candidates = grid(nodes=(1, 2))
     work = WORKLOADS["playbook-1b"]
@@ -470,7 +470,7 @@ def test_a_family_not_yet_run_is_as_uncertain_as_its_cells_families_disagree() -
     """The model's error is mostly a bias per (tp, pp, ZeRO) family. Runs of one family agree
     with each other, so their spread says nothing about a family not yet run: that one's band
     is the spread of runs around the cell's median, which holds how far families disagree."""
-    from sweep.economy import Predictor, _estimates, _State
+    from sweep.strategies import Predictor, _estimates, _State
 
     candidates = grid(nodes=(1,))
     work = WORKLOADS["playbook-1b"]
