@@ -41,10 +41,9 @@ import numpy as np
 import pandas as pd
 
 from sweep.catalog import get_gpu
-from sweep.fit import Allocator
 from sweep.fit_reference import gpt_shape
 from sweep.memory import estimate_columns
-from sweep.memory_profiles import MEGATRON_DEEPSPEED, MemoryProfile, reserved_interval
+from sweep.memory_profiles import MEGATRON_DEEPSPEED, Allocator, MemoryProfile, reserved_interval
 from sweep.units import MiB
 
 FILE: Final = "bloom_tr11_176b_topology_sweep.csv"

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
 from sweep import memcheck, memory, space
-from sweep.memory_profiles import MemoryProfile, get_profile
+from sweep.memory_profiles import Allocator, MemoryProfile
 from sweep.model import ModelShape
 from sweep.spec import Spec
 from sweep.units import MiB
@@ -74,28 +74,6 @@ def meets(value: float | None, op: str, bound: float) -> bool | None:
     if value is None:
         return None
     return value >= bound if op == ">=" else value <= bound
-
-
-@dataclass(frozen=True)
-class Allocator:
-    """The four allocator constants (`sweep.memory_profiles`)."""
-
-    sequential: float
-    pipelined: float
-    logits: float
-    floor_bytes: int
-
-    def apply(self, profile: str | MemoryProfile) -> MemoryProfile:
-        """The profile with these constants in place of its own."""
-        return replace(get_profile(profile), fragmentation_sequential=self.sequential,
-                       fragmentation_pipelined=self.pipelined, fragmentation_logits=self.logits,
-                       reserved_floor_bytes=int(self.floor_bytes))
-
-    @classmethod
-    def of(cls, profile: str | MemoryProfile) -> Allocator:
-        p = get_profile(profile)
-        return cls(p.fragmentation_sequential, p.fragmentation_pipelined, p.fragmentation_logits,
-                   p.reserved_floor_bytes)
 
 
 @dataclass(frozen=True)
@@ -233,7 +211,7 @@ def basis(runs: memcheck.Runs, spec: Spec) -> Basis:
         rules_ok[idx] = code < 0
         estimated[idx] = columns["grad_acc"] >= 1
         alloc[:, idx], total0[:, idx], frag[:, :, idx] = stage_terms(
-            model, columns, get_profile(ctx.framework), ctx.seq_len, ctx.dtype)
+            model, columns, ctx.memory_profile(), ctx.seq_len, ctx.dtype)
     loaded = (frame["measured_stage"].to_numpy() == "most_loaded"
               if "measured_stage" in frame else None)
     return Basis(rules_ok, estimated, frame["pp"].to_numpy() == 1, alloc, total0, frag, budget,
@@ -422,7 +400,7 @@ def cross_validate(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,
     if len(models) < 2:
         raise ValueError(f"leave-one-model-out needs runs of two models or more; got {models}")
     whole = basis(runs, spec)
-    reference = in_sample if in_sample is not None else Allocator.of(spec.framework)
+    reference = in_sample if in_sample is not None else Allocator.of(spec.memory_profile)
     folds, cv_judged, in_judged = [], [], []
     for held in models:
         fold_fit = fit_basis(whole.subset(whole.model != held), grid, must_fit)

@@ -390,7 +390,7 @@ def judge(runs: Runs, spec: Spec, allocator: MemoryProfile | None = None) -> pd.
         model = next(m for m in spec.model_shapes if m.name == name)
         columns = layout_columns(group, spec)
         ctx = space.RuleContext.from_spec(spec, model)
-        profile: MemoryProfile | str = ctx.framework if allocator is None else allocator
+        profile: MemoryProfile = ctx.memory_profile() if allocator is None else allocator
         code, probed = _evaluate_with(columns, ctx, profile)
         frame.loc[group.index, "kept"] = code < 0
         frame.loc[group.index, "probed"] = probed

@@ -6,7 +6,8 @@ logits path is, and what its allocator and runtime cost beyond live tensors.
 
 Only the allocator constants are fitted to measurements (three fragmentation shares and a floor,
 fitted by scripts/fit_memory.py on the playbook's nanotron runs, read from sweep/fitted_constants.py
-and shared by every profile; `reserved_interval` turns their leave-one-model-out error into a band);
+and shared by every profile unless a spec names its own, `constraints.allocator`, applied by
+`Allocator`; `reserved_interval` turns their leave-one-model-out error into a band);
 everything else comes from how the framework is written (each profile's description says what it
 keeps).
 
@@ -250,6 +251,35 @@ def allocator_settings(envs: Iterable[Mapping[str, str]]) -> list[str]:
     """The caching-allocator settings among run environments, as NAME=value, once each."""
     found = {f"{name}={env[name]}" for env in envs for name in ALLOCATOR_ENV if name in env}
     return sorted(found)
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """The four allocator constants: the three fragmentation shares and the floor. The fitted
+    ones are every profile's own; a spec can name others (`constraints.allocator`, fitted on a
+    cluster's own runs by `sweep memory-check RUNS --write-constants`), and `sweep.fit` searches
+    them."""
+
+    sequential: float
+    pipelined: float
+    logits: float
+    floor_bytes: int
+
+    def apply(self, profile: str | MemoryProfile) -> MemoryProfile:
+        """The profile with these constants in place of its own."""
+        return replace(get_profile(profile), fragmentation_sequential=self.sequential,
+                       fragmentation_pipelined=self.pipelined, fragmentation_logits=self.logits,
+                       reserved_floor_bytes=int(self.floor_bytes))
+
+    @classmethod
+    def of(cls, profile: str | MemoryProfile) -> Allocator:
+        p = get_profile(profile)
+        return cls(p.fragmentation_sequential, p.fragmentation_pipelined, p.fragmentation_logits,
+                   p.reserved_floor_bytes)
+
+    def describe(self) -> str:
+        return (f"sequential {self.sequential:g}, pipelined {self.pipelined:g}, logits "
+                f"{self.logits:g}, floor {self.floor_bytes / MiB:g} MiB")
 
 
 def get_profile(name: str | MemoryProfile) -> MemoryProfile:

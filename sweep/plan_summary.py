@@ -19,7 +19,7 @@ import pandas as pd
 
 from sweep import memory, space
 from sweep.errors import UserError
-from sweep.memory_profiles import RESERVED_BAND, allocator_settings, reserved_interval
+from sweep.memory_profiles import RESERVED_BAND, Allocator, allocator_settings, reserved_interval
 from sweep.plan_file import PLAN_FILE
 from sweep.spec import Spec
 from sweep.units import GiB
@@ -87,14 +87,20 @@ EXPANDABLE_MEASURED: Final = ("12.2 to 0.3 GiB with full recomputation and from 
 
 
 def allocator_notes(spec: Spec) -> list[str]:
-    """What `sweep plan` says when the runs configure the CUDA caching allocator: the memory
-    model's reserve beyond live tensors was fitted without such settings, so the plan says so
-    and how to calibrate rather than guess a correction. For expandable segments it adds what
-    one measurement saw (README, "On a real GPU"): two runs are not a model of it."""
+    """What `sweep plan` says of the caching allocator: the spec's own allocator constants, where
+    it names them; and where the runs configure the allocator, that the memory model's reserve
+    beyond live tensors was fitted without such settings, and how to calibrate rather than guess a
+    correction. For expandable segments it adds what one measurement saw (README, "On a real
+    GPU"): two runs are not a model of it."""
+    notes = []
+    if spec.constraints.allocator is not None:
+        notes.append(f"memory: the spec's allocator constants (constraints.allocator: "
+                     f"{spec.constraints.allocator.to_allocator().describe()}) instead "
+                     f"of the profile's fitted ones ({Allocator.of(spec.framework).describe()})")
     envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]
     settings = allocator_settings(envs)
     if not settings:
-        return []
+        return notes
     note = (f"memory: the runs set {', '.join(settings)}; the allocator's reserve beyond live "
             "tensors was fitted on runs without it (nanotron's defaults), so the reserved peaks, "
             "and what is pruned or probed near the limit, may be off; after a first round, "
@@ -103,7 +109,7 @@ def allocator_notes(spec: Spec) -> list[str]:
         note += ("; with expandable_segments:True on an H200 (the built-in workload) that "
                  f"reserve fell from {EXPANDABLE_MEASURED}, so expect the reserved peaks "
                  "over-predicted: candidates pruned or probed that would fit")
-    return [note]
+    return [*notes, note]
 
 
 # What to change when a rule prunes everything: the smallest edit of the spec that may keep some.
@@ -227,10 +233,12 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
     layout = space.layout_of(row)
     model = next(m for m in spec.model_shapes if m.name == str(row["model"]))
     estimate = memory.estimate(model, layout, seq_len=spec.seq_len, dtype=spec.dtype,
-                               profile=spec.framework)
+                               profile=spec.memory_profile)
     budget = space.RuleContext.from_spec(spec, model).memory_budget_bytes
     lines = [f"{run_id}: {model.name} on {int(row['nodes'])} node(s), {layout.label()}",
-             f"framework profile: {spec.framework}, seq {spec.seq_len}, {spec.dtype}", "",
+             f"framework profile: {spec.framework}"
+             + (" (the spec's allocator constants)" if spec.constraints.allocator else "")
+             + f", seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]
     if budget is not None:
         lines.append(f"budget: {budget / GiB:.2f} GiB ({spec.gpu}, headroom "

@@ -206,7 +206,7 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
         columns["recompute"] = group["recompute"].astype(str).to_numpy()
         columns["pp_schedule"] = group["pp_schedule"].astype(str).to_numpy()
         predicted = memory.estimate_columns(model, columns, seq_len=spec.seq_len,
-                                            dtype=spec.dtype, profile=spec.framework)
+                                            dtype=spec.dtype, profile=spec.memory_profile)
         out.loc[group.index, "pred_reserved"] = predicted["mem_reserved_bytes"].astype(float)
         out.loc[group.index, "pred_overhead"] = predicted["mem_overhead_bytes"].astype(float)
     capped = attempts["settings_json"].map(_cap_mb).notna()

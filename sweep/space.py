@@ -41,7 +41,7 @@ from sweep import memory
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.layout import Layout
-from sweep.memory_profiles import reserved_interval
+from sweep.memory_profiles import Allocator, MemoryProfile, get_profile, reserved_interval
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import Spec
@@ -127,6 +127,7 @@ class RuleContext:
     overlap_communication: bool = True
     tp_comm_overlap: bool = False
     gpu: str = ""
+    allocator: Allocator | None = None  # the spec's allocator constants; None: the profile's own
 
     @classmethod
     def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
@@ -141,7 +142,14 @@ class RuleContext:
                    memory_probes=spec.constraints.memory_probes,
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
-                   tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu)
+                   tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu,
+                   allocator=(spec.constraints.allocator.to_allocator()
+                              if spec.constraints.allocator is not None else None))
+
+    def memory_profile(self) -> MemoryProfile:
+        """The framework's memory profile, with the spec's allocator constants if it names them."""
+        return (get_profile(self.framework) if self.allocator is None
+                else self.allocator.apply(self.framework))
 
     def capability_context(self) -> CapabilityContext:
         adapter = get_adapter(self.framework)
@@ -223,7 +231,7 @@ def capability_details(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> n
 def memory_columns(columns: Mapping[str, np.ndarray], ctx: RuleContext) -> dict[str, np.ndarray]:
     """The memory model's per-component bytes for these candidates (grad_acc >= 1 expected)."""
     return memory.estimate_columns(ctx.model, columns, seq_len=ctx.seq_len, dtype=ctx.dtype,
-                                   profile=ctx.framework)
+                                   profile=ctx.memory_profile())
 
 
 def evaluate(columns: Mapping[str, np.ndarray], ctx: RuleContext,

@@ -35,8 +35,9 @@ from sweep import catalog
 from sweep.early_stop import EarlyStop
 from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
+from sweep.memory_profiles import Allocator, MemoryProfile, get_profile
 from sweep.model import ModelShape, shape_problems
-from sweep.units import GiB
+from sweep.units import GiB, MiB
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Slurm option values: partition names, accounts, QoS, feature expressions, node lists.
@@ -162,6 +163,23 @@ class Axes(_Strict):
         return sorted(set(value)) if isinstance(value, list) else value
 
 
+ALLOCATOR_SHARE_MAX = 4.0  # a share of 4 reserves four times the bytes it follows: past any fit
+
+
+class AllocatorConstants(_Strict):
+    """The memory model's allocator constants (`sweep.memory_profiles.Allocator`) for this sweep,
+    in place of the ones fitted on the playbook's nanotron runs: what `sweep memory-check RUNS
+    --write-constants` fits on a cluster's own runs, so that the next sweep there plans with them."""
+
+    sequential: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
+    pipelined: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
+    logits: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
+    floor_mib: Annotated[int, Field(ge=0, le=64 * 1024)]
+
+    def to_allocator(self) -> Allocator:
+        return Allocator(self.sequential, self.pipelined, self.logits, self.floor_mib * MiB)
+
+
 class Constraints(_Strict):
     max_tp: PositiveInt | None = None  # default: GPUs per node
     allow_tp_across_nodes: bool = False
@@ -172,6 +190,15 @@ class Constraints(_Strict):
     # left-out error band reaches under it (sweep.space.memory_over); false: the point estimate
     # decides alone.
     memory_probes: bool = True
+    allocator: AllocatorConstants | None = None  # None: the framework profile's fitted constants
+
+    @model_serializer(mode="wrap")
+    def _omit_allocator_when_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Unset is absent: spec hashes of specs without it stay as they were."""
+        data = handler(self)
+        if data.get("allocator") is None:
+            data.pop("allocator", None)
+        return data
 
 
 class RunSettings(_Strict):
@@ -455,6 +482,14 @@ class Spec(_Strict):
     def max_tp(self) -> int:
         return self.constraints.max_tp or self.gpus_per_node_resolved
 
+    @property
+    def memory_profile(self) -> MemoryProfile:
+        """The framework's memory profile, with the spec's allocator constants where it names
+        them (`constraints.allocator`): every memory prediction of this sweep uses it."""
+        constants = self.constraints.allocator
+        return get_profile(self.framework) if constants is None \
+            else constants.to_allocator().apply(self.framework)
+
     def spec_hash(self) -> str:
         """A stable hash of the validated spec (order of YAML keys does not matter)."""
         # How the sweep is driven and capped does not change a run: left out, so that a new
@@ -515,6 +550,12 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         raise SpecError(source, line, "(yaml)", f"not valid YAML: {getattr(error, 'problem', error)}") from None
     if not isinstance(data, dict):
         raise SpecError(source, 1, "(top level)", "the spec must be a YAML mapping of fields")
+    duplicate = _first_duplicate_key(root)
+    if duplicate is not None:
+        repeated, line_before, line_again = duplicate
+        raise SpecError(source, line_again, repeated,
+                        f"appears twice (lines {line_before} and {line_again}); YAML would keep "
+                        "only the second: merge them into one")
     try:
         return Spec.model_validate(data)
     except ValidationError as error:
@@ -545,7 +586,7 @@ def _known_field_names() -> set[str]:
     """Every field name a spec can hold, at any depth (for did-you-mean)."""
     names: set[str] = set()
     for model in (Spec, Axes, Constraints, RunSettings, Override, InlineModel, GlobalBatch,
-                  EarlyStop, DriverSettings):
+                  EarlyStop, DriverSettings, AllocatorConstants):
         names.update(model.model_fields)
     return names
 
@@ -566,6 +607,32 @@ def _field_path(loc: tuple[Any, ...]) -> str:
         else:
             parts.append(("." if parts else "") + str(item))
     return "".join(parts) or "(top level)"
+
+
+def _first_duplicate_key(node: yaml.Node | None, path: str = "") -> tuple[str, int, int] | None:
+    """The first key that a YAML mapping repeats (its dotted path and both 1-based lines), or
+    None. PyYAML keeps the last value of a repeated key without a word, so a spec with two
+    `constraints:` blocks (say, one pasted from `sweep memory-check --write-constants`) would
+    lose the first one's settings silently."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            field = f"{path}.{name}" if path else str(name)
+            line = key.start_mark.line + 1
+            if name is not None and name in seen:
+                return field, seen[name], line
+            if name is not None:
+                seen[name] = line
+            found = _first_duplicate_key(value, field)
+            if found is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found = _first_duplicate_key(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:

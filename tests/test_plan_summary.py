@@ -30,3 +30,24 @@ def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -
     no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
                             "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
     assert memory_verdicts(frame, no_ceiling) is None
+
+
+def test_the_plan_and_its_explanations_say_when_the_spec_brings_its_own_allocator_constants() -> None:
+    from sweep import space
+    from sweep.memory_profiles import Allocator
+    from sweep.plan_summary import allocator_notes, explain
+
+    text = ("name: own\nframework: nanotron\nmodels: [playbook-1b]\nnodes: [1]\nseq_len: 4096\n"
+            "global_batch: {sequences: 256}\n")
+    assert allocator_notes(parse_spec(text)) == []
+    spec = parse_spec(text + "constraints:\n  allocator: {sequential: 0.2, pipelined: 0.5, "
+                             "logits: 0.25, floor_mib: 512}\n")
+    [note] = allocator_notes(spec)
+    assert note == ("memory: the spec's allocator constants (constraints.allocator: sequential "
+                    "0.2, pipelined 0.5, logits 0.25, floor 512 MiB) instead of the profile's "
+                    f"fitted ones ({Allocator.of('nanotron').describe()})")
+    plan = space.plan(spec)
+    row = plan[plan.status == "kept"].iloc[0]
+    shown = explain(spec, plan, str(row.run_id))
+    assert "framework profile: nanotron (the spec's allocator constants)" in shown
+    assert f"{row.mem_reserved_bytes / GiB:.2f}" in shown  # the plan's own estimate, explained

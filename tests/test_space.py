@@ -254,6 +254,29 @@ def test_memory_probes_off_prunes_on_the_point_estimate() -> None:
         (plan.status == "kept").sum() + with_probes.probe.sum()
 
 
+def test_the_specs_allocator_constants_decide_the_reserve_the_plan_prunes_on() -> None:
+    """`constraints.allocator` (what `sweep memory-check --write-constants` fits on a cluster's
+    own runs) replaces the fitted shares in every estimate the plan makes: with every share and
+    the floor at zero the reserve beyond live tensors is nothing, so no more is pruned than with
+    the fitted ones, and with larger shares no less."""
+    def plan_with(constants: str) -> pd.DataFrame:
+        return space.plan(spec_from(SMALL + f"constraints: {{allocator: {constants}}}\n"))
+
+    shipped = space.plan(spec_from())
+    none = plan_with("{sequential: 0, pipelined: 0, logits: 0, floor_mib: 0}")
+    more = plan_with("{sequential: 0.5, pipelined: 1.0, logits: 1.0, floor_mib: 2048}")
+    estimated = none.mem_total_bytes >= 0
+    assert (none.loc[estimated, "mem_fragmentation_bytes"] == 0).all()
+    assert (none.loc[estimated, "mem_reserved_bytes"]
+            == none.loc[estimated, "mem_allocated_bytes"]).all()
+    kept = {name: int((p.status == "kept").sum()) for name, p in
+            (("none", none), ("shipped", shipped), ("more", more))}
+    assert kept["none"] >= kept["shipped"] >= kept["more"] and kept["none"] > kept["more"]
+    # the same candidates either way: only the memory verdicts move
+    assert (none.status == "kept").sum() + (none.prune_rule == "memory").sum() == \
+        (more.status == "kept").sum() + (more.prune_rule == "memory").sum()
+
+
 def test_the_memory_rule_prunes_only_what_its_band_puts_over_the_limit() -> None:
     """Band −32 % .. +16 % of the prediction: a reserved peak predicted at 1.1 GiB may measure
     0.95 GiB (fits 1 GiB), one at 1.3 GiB no less than 1.125 GiB."""

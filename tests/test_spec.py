@@ -188,3 +188,43 @@ def test_a_misspelt_key_is_named_with_a_suggestion_not_reported_as_a_missing_fie
     assert "did you mean 'global_batch'" in error.message
     nested = error_of(MINIMAL + "run: {stpes: 3}\n")
     assert nested.field == "run.stpes" and "did you mean 'steps'" in nested.message
+
+
+ALLOCATOR = "constraints:\n  allocator: {sequential: 0.2, pipelined: 0.5, logits: 0.25, floor_mib: 512}\n"
+
+
+def test_allocator_constants_in_the_spec_replace_the_profiles_own() -> None:
+    from sweep.memory_profiles import get_profile
+    from sweep.units import MiB
+
+    shipped = parse_spec(MINIMAL)
+    assert shipped.memory_profile == get_profile("builtin")
+    own = parse_spec(MINIMAL + ALLOCATOR).memory_profile
+    assert (own.fragmentation_sequential, own.fragmentation_pipelined, own.fragmentation_logits,
+            own.reserved_floor_bytes) == (0.2, 0.5, 0.25, 512 * MiB)
+    assert own.weight_bytes == shipped.memory_profile.weight_bytes  # only the four constants change
+    # unset is absent, so the hashes of specs that never set it stay as they were
+    assert "allocator" not in shipped.model_dump(mode="json")["constraints"]
+    assert parse_spec(MINIMAL + ALLOCATOR).spec_hash() != shipped.spec_hash()
+
+
+@pytest.mark.parametrize("replace_from, replace_to, field", [
+    ("sequential: 0.2", "sequential: -0.1", "constraints.allocator.sequential"),
+    ("logits: 0.25", "logits: 9", "constraints.allocator.logits"),
+    ("floor_mib: 512", "floor_mib: many", "constraints.allocator.floor_mib"),
+    (", floor_mib: 512", "", "constraints.allocator.floor_mib"),
+])
+def test_allocator_constants_out_of_range_are_refused_by_name(
+        replace_from: str, replace_to: str, field: str) -> None:
+    error = error_of(MINIMAL + ALLOCATOR.replace(replace_from, replace_to))
+    assert error.field == field and error.line == 7
+
+
+def test_a_key_given_twice_is_refused_not_silently_dropped() -> None:
+    """YAML keeps the second of two equal keys; a spec with two `constraints:` blocks (the second
+    pasted from `sweep memory-check --write-constants`) would lose the first block's settings."""
+    error = error_of(MINIMAL + "constraints: {max_mbs: 8}\n" + ALLOCATOR)
+    assert (error.field, error.line) == ("constraints", 7)
+    assert "appears twice (lines 6 and 7)" in error.message and "merge them" in error.message
+    nested = error_of(MINIMAL + "run:\n  steps: 5\n  env: {A: '1'}\n  steps: 6\n")
+    assert (nested.field, nested.line) == ("run.steps", 9)

@@ -1,4 +1,5 @@
-"""`sweep memory-check RUNS --spec SPEC [--cv model] [--json]`: score the memory model and the prune rules.
+"""`sweep memory-check RUNS --spec SPEC [--cv model] [--json] [--write-constants FILE]`: score the
+memory model and the prune rules, and fit the allocator constants on a cluster's own runs.
 
 Reads any runs format of `sweep.memcheck` (the playbook's two CSV tables, a sweep's own
 runs.parquet), judges every run as the planner would, and
@@ -15,20 +16,29 @@ over every model (each run scored by the fold that left it out, against the issu
 of `sweep.fit_reference.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
 the share predicted to fit under the in-sample constants, each fold's, and constants fitted on
 this runs file alone (without the llm-foundry constraint: that table held out too).
+
+`--write-constants FILE`: fits the constants on this runs file alone (as that last column) and
+writes them as the `constraints.allocator` line of a spec, headed by comments that give the runs'
+sha256, the fit and its in-sample figures: a cluster's own constants, for its next sweep to plan
+with (`Spec.memory_profile`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
+from datetime import date
 from pathlib import Path
 from typing import Final
 
 from sweep import bloom_reference, fit, fit_reference, memcheck
 from sweep.errors import UserError
+from sweep.memory_profiles import Allocator
 from sweep.refdata import refdata_dir
 from sweep.spec import Spec, load_spec
+from sweep.state import atomic_write_text, file_sha256
 from sweep.units import MiB
 
 
@@ -42,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cv", choices=("model",), default=None,
                         help="leave one model out: refit the allocator constants on the other "
                              "models' runs and score the model left out, for each model")
+    parser.add_argument("--write-constants", type=Path, default=None, metavar="FILE",
+                        help="fit the allocator constants on these runs alone and write them, "
+                             "with where they came from, as the `constraints.allocator` lines "
+                             "of a spec (YAML), for the next sweep on this cluster to plan with")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         runs = memcheck.read_memory_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
+    if args.write_constants is not None:
+        _write_constants(args, runs, spec)
     if args.cv == "model":
         return _cross_validate(args, runs, spec)
     judged = memcheck.judge(runs, spec)
@@ -139,6 +155,59 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     return 0
 
 
+def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> None:
+    """Fit the constants on RUNS alone (no published table constrains them: the runs are the
+    cluster's own) and write them as spec lines, headed by their provenance and figures."""
+    try:
+        fitted = fit.fit_allocator(runs, spec)
+    except ValueError as error:
+        raise UserError(f"{args.runs}: {error}; --write-constants needs runs that measured "
+                        "their reserved peak on a GPU") from None
+    text = constants_text(fitted, source=args.runs, sha256=file_sha256(args.runs),
+                          runs_format=runs.format, spec=spec, spec_path=args.spec)
+    try:
+        atomic_write_text(args.write_constants, text)
+    except OSError as error:
+        raise UserError(f"--write-constants {args.write_constants}: {error.strerror}") from None
+    print(f"allocator constants fitted on {fitted.rows} successful run(s) of {args.runs} "
+          f"({fitted.allocator.describe()}) → {args.write_constants}", file=sys.stderr)
+
+
+def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
+                   spec: Spec, spec_path: Path) -> str:
+    """The `constraints.allocator` lines of a spec, headed by comments that say what they were
+    fitted on, how, and how well, so that a spec that carries them says where they came from."""
+    a = fitted.allocator
+    f = fitted.figures
+    oom = "n/a (the runs tell no OOM apart)" if f.oom_pruned_frac is None \
+        else f"{f.oom_pruned_frac:.4f}"
+    gates = "yes" if fitted.gates_met else (
+        "no: no grid point met them, the closest was taken; check the figures before planning "
+        "with these")
+    floor_mib = round(a.floor_bytes / MiB)
+    return "\n".join([
+        f"# Allocator constants of the memory model, fitted by llm-sweep on {date.today()}:",
+        f"#   sweep memory-check {source} --spec {spec_path} --write-constants ...",
+        f"# runs: {source} (sha256 {sha256}, {runs_format} format), {fitted.rows} successful "
+        f"run(s) with a measured reserved peak; framework {spec.framework}, GPU {spec.gpu}",
+        f"# fit: {fitted.points} grid points (sweep.fit.GRID), objective sweep.fit.OBJECTIVE "
+        "without the published llm-foundry constraint; gates (keep "
+        f"{fit.MIN_SUCCESS_KEPT:.0%} of successes, prune {fit.MIN_OOM_PRUNED:.0%} of OOMs) met: "
+        f"{gates}",
+        f"# in-sample: successes kept {f.success_kept_frac:.4f}, OOMs pruned {oom}, reserved "
+        f"peak median / p90 |error| {f.reserved_median_abs_rel_err:.4f} / "
+        f"{f.reserved_p90_abs_rel_err:.4f} (`sweep memory-check --cv model` says how they hold "
+        "on a model left out)",
+        "# Put the allocator line under `constraints:` in the spec of a sweep on the same cluster",
+        "# and framework (beside what is there already: a second `constraints:` is refused). Every",
+        "# memory prediction of its plan then uses these instead of the constants fitted on the",
+        "# playbook's nanotron runs.",
+        "constraints:",
+        f"  allocator: {{sequential: {a.sequential:g}, pipelined: {a.pipelined:g}, "
+        f"logits: {a.logits:g}, floor_mib: {floor_mib}}}",
+        ""])
+
+
 BLOOM_ROWS: Final = (
     ("successes predicted to fit", "success_kept_frac"),
     ("OOMs predicted over the GPU", "oom_over_frac"),
@@ -161,11 +230,8 @@ def _bloom_table(bloom: dict[str, bloom_reference.BloomCheck]) -> None:
         print(f"  {label:<42}" + "".join(f"{_cell(getattr(c, name)):>22}" for c in bloom.values()))
 
 
-def _allocator(a: fit.Allocator | None) -> str:
-    if a is None:
-        return "none"
-    return (f"sequential {a.sequential:g}, pipelined {a.pipelined:g}, logits {a.logits:g}, "
-            f"floor {a.floor_bytes / MiB:g} MiB")
+def _allocator(a: Allocator | None) -> str:
+    return "none" if a is None else a.describe()
 
 
 def _table(title: str, in_sample: memcheck.MemoryCheck, held_out: memcheck.MemoryCheck,

@@ -1,0 +1,86 @@
+"""`sweep memory-check --write-constants`: allocator constants fitted on a cluster's own runs,
+written as the spec lines that make the next sweep plan with them.
+
+The runs are our own H200 measurements of the built-in workload (tests/fixtures/cuda/README.md),
+given the `mem_source` a sweep's runs.parquet records for them (`cuda`: torch.cuda's peaks, the
+largest over the ranks), so no reference data is needed. What the playbook's tables give is in
+tests/test_memcheck.py and tests/test_fit.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from sweep.cli import main
+from sweep.spec import load_spec
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cuda"
+SPEC = """\
+name: h200-check
+framework: builtin
+gpu: h200
+gpus_per_node: 1
+dtype: bf16
+models: [llama-3.2-1b, playbook-3b]
+nodes: [1]
+seq_len: 4096
+global_batch: {sequences: 4}
+axes:
+  mbs: [1, 4]
+  recompute: [none, selective, full]
+"""
+
+
+@pytest.fixture
+def measured(tmp_path: Path) -> tuple[Path, Path]:
+    """The first H200 check's attempts as a sweep's runs table, and the spec they were run from."""
+    runs = pd.read_csv(FIXTURES / "h200_builtin_runs.csv").assign(mem_source="cuda")
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    return tmp_path / "runs.csv", tmp_path / "spec.yaml"
+
+
+def figures(capsys: pytest.CaptureFixture[str], runs: Path, spec: Path) -> dict[str, float]:
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_written_constants_pasted_into_the_spec_score_as_their_header_says(
+        measured: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, spec = measured
+    out = tmp_path / "constants.yaml"
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--write-constants", str(out)]) == 0
+    text = out.read_text()
+    assert "sweep format" in text and "11 successful run(s) with a measured reserved peak" in text
+    assert re.search(r"sha256 [0-9a-f]{64}", text) and "framework builtin, GPU h200" in text
+    allocator = yaml.safe_load(text)["constraints"]["allocator"]
+    assert set(allocator) == {"sequential", "pipelined", "logits", "floor_mib"}
+
+    own = tmp_path / "own.yaml"
+    own.write_text(SPEC + text)  # the spec has no `constraints:` of its own: paste as written
+    assert load_spec(own).constraints.allocator is not None
+    capsys.readouterr()
+    scored = figures(capsys, runs, own)
+    header = re.search(r"successes kept ([\d.]+), OOMs pruned ([\d.]+), reserved peak median / "
+                       r"p90 \|error\| ([\d.]+) / ([\d.]+)", text)
+    assert header is not None
+    assert [float(v) for v in header.groups()] == pytest.approx(
+        [scored["success_kept_frac"], scored["oom_pruned_frac"],
+         scored["reserved_median_abs_rel_err"], scored["reserved_p90_abs_rel_err"]], abs=5e-5)
+    assert "met: yes" in text  # keep 99 % of the successes, prune 90 % of the OOMs
+
+
+def test_runs_that_measured_no_gpu_peak_write_nothing_and_say_why(
+        measured: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, spec = measured
+    pd.read_csv(runs).assign(mem_source="cpu-rss-anon").to_csv(runs, index=False)
+    out = tmp_path / "constants.yaml"
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--write-constants", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no successful run" in err and "measured their reserved peak on a GPU" in err
+    assert not out.exists()
