@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import date
 from pathlib import Path
@@ -163,8 +164,15 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}; --write-constants needs runs that measured "
                         "their reserved peak on a GPU") from None
+    left_out = None
+    if args.cv == "model" and runs.frame["model"].nunique() > 1:
+        # the same procedure, one model left out each time: how such constants hold on a new model
+        left_out = fit.cross_validate(runs, spec).cross_validated
+    versions = (sorted(runs.frame["framework_version"].dropna().astype(str).unique())
+                if "framework_version" in runs.frame else [])
     text = constants_text(fitted, source=args.runs, sha256=file_sha256(args.runs),
-                          runs_format=runs.format, spec=spec, spec_path=args.spec)
+                          runs_format=runs.format, spec=spec, spec_path=args.spec,
+                          left_out=left_out, versions=versions)
     try:
         atomic_write_text(args.write_constants, text)
     except OSError as error:
@@ -174,9 +182,11 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
 
 
 def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
-                   spec: Spec, spec_path: Path) -> str:
+                   spec: Spec, spec_path: Path, left_out: memcheck.MemoryCheck | None = None,
+                   versions: Sequence[str] = ()) -> str:
     """The `constraints.allocator` lines of a spec, headed by comments that say what they were
-    fitted on, how, and how well, so that a spec that carries them says where they came from."""
+    fitted on, how, and how well (in-sample, and with `left_out` each model scored by constants
+    fitted on the others), so that a spec that carries them says where they came from."""
     a = fitted.allocator
     f = fitted.figures
     oom = "n/a (the runs tell no OOM apart)" if f.oom_pruned_frac is None \
@@ -185,6 +195,16 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         "no: no grid point met them, the closest was taken; check the figures before planning "
         "with these")
     floor_mib = round(a.floor_bytes / MiB)
+    notes = []
+    if left_out is not None:
+        notes.append(
+            f"# left out (each model scored by constants fitted on the others): successes kept "
+            f"{_cell(left_out.success_kept_frac)}, OOMs pruned {_cell(left_out.oom_pruned_frac)}, "
+            f"reserved peak median / p90 |error| {_cell(left_out.reserved_median_abs_rel_err)} / "
+            f"{_cell(left_out.reserved_p90_abs_rel_err)}")
+    if len(versions) > 1:
+        notes.append(f"# the runs span framework versions {', '.join(versions)}: the allocator's "
+                     "reserve can differ between them (`sweep memory-check` scores each apart)")
     return "\n".join([
         f"# Allocator constants of the memory model, fitted by llm-sweep on {date.today()}:",
         f"#   sweep memory-check {source} --spec {spec_path} --write-constants ...",
@@ -198,6 +218,7 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         f"peak median / p90 |error| {f.reserved_median_abs_rel_err:.4f} / "
         f"{f.reserved_p90_abs_rel_err:.4f} (`sweep memory-check --cv model` says how they hold "
         "on a model left out)",
+        *notes,
         "# Put the allocator line under `constraints:` in the spec of a sweep on the same cluster",
         "# and framework (beside what is there already: a second `constraints:` is refused). Every",
         "# memory prediction of its plan then uses these instead of the constants fitted on the",

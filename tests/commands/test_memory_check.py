@@ -84,3 +84,17 @@ def test_runs_that_measured_no_gpu_peak_write_nothing_and_say_why(
     err = capsys.readouterr().err
     assert "no successful run" in err and "measured their reserved peak on a GPU" in err
     assert not out.exists()
+
+
+def test_with_cv_the_header_says_how_such_constants_hold_on_a_model_left_out(
+        measured: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Eleven runs of two models pin the constants down for those models, not for a third: the
+    same fit, each model scored by constants fitted on the other, is the figure to plan on."""
+    runs, spec = measured
+    out = tmp_path / "constants.yaml"
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--write-constants", str(out),
+                 "--cv", "model"]) == 0
+    line = next(x for x in out.read_text().splitlines() if x.startswith("# left out"))
+    median, p90 = map(float, re.findall(r"\|error\| ([\d.]+) / ([\d.]+)", line)[0])
+    in_sample = re.findall(r"in-sample: .*\|error\| ([\d.]+) / ([\d.]+)", out.read_text())[0]
+    assert median > float(in_sample[0]) and p90 > float(in_sample[1])
