@@ -282,6 +282,11 @@ class Allocator:
                 f"{self.logits:g}, floor {self.floor_bytes / MiB:g} MiB")
 
 
+def profile_with(framework: str, allocator: Allocator | None) -> MemoryProfile:
+    """A framework's profile with `allocator`'s constants in place of its own (None: as fitted)."""
+    return get_profile(framework) if allocator is None else allocator.apply(framework)
+
+
 def get_profile(name: str | MemoryProfile) -> MemoryProfile:
     """A profile by framework name; a MemoryProfile passes through (for frameworks outside PROFILES)."""
     if isinstance(name, MemoryProfile):

@@ -41,7 +41,7 @@ from sweep import memory
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.layout import Layout
-from sweep.memory_profiles import Allocator, MemoryProfile, get_profile, reserved_interval
+from sweep.memory_profiles import Allocator, MemoryProfile, profile_with, reserved_interval
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import Spec
@@ -148,8 +148,7 @@ class RuleContext:
 
     def memory_profile(self) -> MemoryProfile:
         """The framework's memory profile, with the spec's allocator constants if it names them."""
-        return (get_profile(self.framework) if self.allocator is None
-                else self.allocator.apply(self.framework))
+        return profile_with(self.framework, self.allocator)
 
     def capability_context(self) -> CapabilityContext:
         adapter = get_adapter(self.framework)

@@ -35,7 +35,7 @@ from sweep import catalog
 from sweep.early_stop import EarlyStop
 from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
-from sweep.memory_profiles import Allocator, MemoryProfile, get_profile
+from sweep.memory_profiles import Allocator, MemoryProfile, profile_with
 from sweep.model import ModelShape, shape_problems
 from sweep.units import GiB, MiB
 
@@ -487,8 +487,7 @@ class Spec(_Strict):
         """The framework's memory profile, with the spec's allocator constants where it names
         them (`constraints.allocator`): every memory prediction of this sweep uses it."""
         constants = self.constraints.allocator
-        return get_profile(self.framework) if constants is None \
-            else constants.to_allocator().apply(self.framework)
+        return profile_with(self.framework, constants.to_allocator() if constants else None)
 
     def spec_hash(self) -> str:
         """A stable hash of the validated spec (order of YAML keys does not matter)."""
