@@ -202,6 +202,14 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
             f"{_cell(left_out.success_kept_frac)}, OOMs pruned {_cell(left_out.oom_pruned_frac)}, "
             f"reserved peak median / p90 |error| {_cell(left_out.reserved_median_abs_rel_err)} / "
             f"{_cell(left_out.reserved_p90_abs_rel_err)}")
+    at_edge = [f"{name} {value:g}" for name, value, top in (
+        ("sequential", a.sequential, fit.GRID.sequential[-1]),
+        ("pipelined", a.pipelined, fit.GRID.pipelined[-1]),
+        ("logits", a.logits, fit.GRID.logits[-1]),
+        ("floor_mib", floor_mib, fit.GRID.floor_mib[-1])) if value >= top]
+    if at_edge:
+        notes.append(f"# at the grid's largest value: {', '.join(at_edge)}; the best fit may lie "
+                     "beyond it, so these constants may still under-predict the reserve")
     if len(versions) > 1:
         notes.append(f"# the runs span framework versions {', '.join(versions)}: the allocator's "
                      "reserve can differ between them (`sweep memory-check` scores each apart)")
@@ -224,8 +232,8 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         "# memory prediction of its plan then uses these instead of the constants fitted on the",
         "# playbook's nanotron runs.",
         "constraints:",
-        f"  allocator: {{sequential: {a.sequential:g}, pipelined: {a.pipelined:g}, "
-        f"logits: {a.logits:g}, floor_mib: {floor_mib}}}",
+        f"  allocator: {{sequential: {a.sequential!r}, pipelined: {a.pipelined!r}, "
+        f"logits: {a.logits!r}, floor_mib: {floor_mib}}}",
         ""])
 
 
