@@ -38,9 +38,10 @@ from sweep.state import atomic_write_json, read_json
 
 if TYPE_CHECKING:
     from sweep.backends import RoundHook, Rounds, Submitted
+    from sweep.observation import Observation
     from sweep.slurm import Slurm
     from sweep.spec import DriverSettings
-    from sweep.tracker import Observation, SubmitReport, Tracker
+    from sweep.tracker import SubmitReport, Tracker
 
 DRIVER_FILE: Final = "driver.json"
 PROGRESS_FILE: Final = "driver_progress.json"

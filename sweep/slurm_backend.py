@@ -13,8 +13,9 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from sweep.backends import Submitted
+from sweep.observation import Observation
 from sweep.submission import NEVER_SUBMITTED, RunState, latest_tasks
-from sweep.tracker import Observation, Tracker, submit_runs
+from sweep.tracker import Tracker, submit_runs
 
 
 class SlurmBackend:

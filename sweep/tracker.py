@@ -1,11 +1,12 @@
-"""A sweep folder as Slurm sees it: submit batches, observe run states, keep the exclude list.
+"""A sweep folder as Slurm sees it: submit its runs as job arrays, under a GPU-hour cap.
 
-The I/O side of `sweep.submission` (which holds the rules), by job: reading the folder (run
-folders, the ledger: `sweep.sweep_folder.SweepFolder`, which Tracker extends), submitting (task
-lists, the array wrapper, sbatch under the sweep's lock) and observing (squeue, sacct and the
-attempt folders, node failures, which go to the sweep's bad-node file: `sweep.bad_nodes`). Slurm is called through `sweep.slurm.Slurm`; the
-round loop of a search lives in `sweep.slurm_backend`. The commands (submit, status, resume,
-cancel, nodes) are thin layers over `Tracker`.
+The I/O side of `sweep.submission` (which holds the rules). `Tracker` extends the folder's reader
+(`sweep.sweep_folder.SweepFolder`: run folders, the ledger) with submitting (task lists, the
+array wrapper, sbatch under the sweep's lock, the ledger's intent before and job id after) and
+the budget; one poll of the runs' states is `sweep.observation.Observer`'s, and the failed nodes
+are `sweep.bad_nodes.BadNodes`'s file, both held here so that the commands (submit, status,
+resume, cancel, nodes) need one object. Slurm is called through `sweep.slurm.Slurm`; the round
+loop of a search lives in `sweep.slurm_backend`.
 
 Files in the sweep folder:
   ledger.jsonl              intent (batch id, run ids) before each sbatch, the job id after
@@ -25,52 +26,37 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Collection, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from sweep.bad_nodes import BadNodes
 from sweep.budget import Fit, Spend, committed_gpu_hours, fit_budget
 from sweep.errors import UserError
-from sweep.progress import read_tail
+from sweep.observation import Observation, Observer
 from sweep.render import RUNS_DIR
-from sweep.shims.hostlist import expand as expand_hosts
-from sweep.slurm import AcctEntry, QueueEntry, Slurm, SlurmError, SlurmLimits
-from sweep.slurm_states import has_ended, node_failures_in_srun_output
+from sweep.slurm import Slurm, SlurmError, SlurmLimits
 from sweep.state import (
-    ENV_FILE,
-    STATUS_FILE,
     LockHeld,
     append_jsonl,
     atomic_write_text,
-    attempt_dirs,
     exclusive_lock,
     read_jsonl,
 )
 from sweep.submission import (
-    AttemptView,
     Batch,
     NodeExclusions,
-    NodeFailure,
     NodeRecord,
-    RunState,
-    SlurmView,
     Submission,
-    TaskRef,
     array_option,
     batch_in,
-    expand_task_ids,
     job_comment,
-    latest_tasks,
     plan_batches,
     reconcile,
-    run_state,
     shape_options,
 )
-from sweep.sweep_folder import RunInfo, SweepFolder, read_json_safe
-from sweep.verdict import LOG_TAIL_BYTES, SRUN_BLAME_SETTLED, srun_node_failure
+from sweep.sweep_folder import SweepFolder
 
 BATCHES_DIR: Final = "batches"
 WRAPPER: Final = "array-task.sh"
@@ -99,28 +85,17 @@ exec bash "$SWEEP_RUN_DIR/job.sbatch"
 """
 
 
-@dataclass
-class Observation:
-    """One poll: every run's state, and what it cost."""
-
-    states: list[RunState]
-    infos: dict[str, RunInfo]
-    failures: list[NodeFailure]
-    excluded: list[str]
-    slurm_calls: dict[str, int] = field(default_factory=dict)
-
-
 class Tracker(SweepFolder):
     """One sweep folder and the Slurm jobs of its runs: what it reads of the folder
-    (SweepFolder), plus submitting its runs as job arrays and observing their states."""
+    (SweepFolder), submitting its runs as job arrays, and (through `observer` and `bad_nodes`)
+    their states and the nodes they failed on."""
 
     def __init__(self, sweep_dir: Path, slurm: Slurm | None = None) -> None:
         super().__init__(sweep_dir)
         self.slurm = slurm or Slurm()
         self.batches = self.dir / BATCHES_DIR
         self.bad_nodes = BadNodes(self.dir)
-
-    # -- budget -----------------------------------------------------------------------------
+        self.observer = Observer(self, self.slurm, self.bad_nodes)
 
     def fit_budget(self, run_ids: Sequence[str], cap_gpu_hours: float | None,
                    observation: Observation | None = None, write: bool = True) -> Fit:
@@ -138,8 +113,6 @@ class Tracker(SweepFolder):
         if fit.left_out and write:
             atomic_write_text(self.dir / LEFT_OUT_FILE, "".join(f"{r}\n" for r in fit.left_out))
         return fit
-
-    # -- submitting -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def lock(self, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
@@ -265,111 +238,11 @@ class Tracker(SweepFolder):
             done.append((batch, job_id))
         return done
 
-    # -- observing --------------------------------------------------------------------------
-
     def observe(self, subs: Sequence[Submission] | None = None) -> Observation:
-        """Every run's state: ledger + squeue + sacct (each once per 1,000 array masters) +
-        attempt folders; updates the bad-node list from the failures seen."""
-        before = dict(self.slurm.calls)
-        subs = list(subs) if subs is not None else self.reconcile(write=False)
-        latest = latest_tasks(subs)
-        masters = sorted({task.job_id for task in latest.values()})
-        views = self._slurm_views(masters) if masters else {}
-        now = time.time()
-        states: list[RunState] = []
-        failures: list[NodeFailure] = []
-        for run_id in self.run_ids(refresh=True):
-            task = latest.get(run_id)
-            view = (views.get(task.task_id) or views.get(task.job_id)) if task else None
-            attempt = self._attempt(run_id, task, view)
-            state = run_state(run_id, task, view, attempt, now)
-            states.append(state)
-            failure = self._node_failure(state, view)
-            if failure is not None:
-                failures.append(failure)
-        excluded = self.bad_nodes.merge(failures, self._unhealthy_nodes)
-        calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items()
-                 if v - before.get(k, 0)}
-        return Observation(states=states, infos=self.run_info(), failures=failures,
-                           excluded=excluded, slurm_calls=calls)
-
-    def await_accounting(self, task_ids: Collection[str], wait_s: float) -> list[str]:
-        """Poll sacct until it has recorded the end of every task in `task_ids` ("M_i"), for at
-        most `wait_s`; the tasks it still has not recorded. slurmdbd learns of a cancel a moment
-        after slurmctld, and a status read in between would call a cancelled task running."""
-        masters = sorted({task.split("_")[0] for task in task_ids})
-        deadline = time.monotonic() + wait_s
-        while True:
-            ended = {task for entry in self.slurm.accounting(masters) if has_ended(entry.state)
-                     for task in _task_ids(entry.job_id)}
-            waiting = sorted(set(task_ids) - ended)
-            if not waiting or time.monotonic() >= deadline:
-                return waiting
-            time.sleep(0.2)
-
-    def _slurm_views(self, masters: Sequence[str]) -> dict[str, SlurmView]:
-        """Slurm's view by task id ("M_i"), and by array id ("M") for an array whose tasks were
-        never split off (a held or pending array cancelled as a whole is one record "M").
-
-        squeue's view wins over accounting's, except for a COMPLETING task whose accounting
-        already holds its end: right after `scancel` a task sits in squeue as COMPLETING until
-        its processes are gone (KillWait), while sacct already says CANCELLED. The task has
-        ended, and `sweep status` says how."""
-        views: dict[str, SlurmView] = {}
-        for entry in self.slurm.accounting(masters):
-            for task_id in _task_ids(entry.job_id):
-                views[task_id] = _acct_view(entry)
-        for queued in self.slurm.queue(masters):
-            for task_id in _task_ids(queued.job_id):
-                ended = views.get(task_id)
-                if queued.state == "COMPLETING" and ended is not None and has_ended(ended.state):
-                    continue
-                views[task_id] = _queue_view(queued)
-        return views
-
-    def _attempt(self, run_id: str, task: TaskRef | None,
-                 view: SlurmView | None) -> AttemptView | None:
-        """The newest attempt folder of this run that the latest submission made (matched by
-        job id); for a run never submitted through the ledger, its newest attempt."""
-        attempts = attempt_dirs(self.dir / RUNS_DIR / run_id)
-        for folder in reversed(attempts[-3:]):
-            status = read_json_safe(folder / STATUS_FILE)
-            if task is not None:
-                env = read_json_safe(folder / ENV_FILE) or {}
-                ids = {str(status.get("slurm_job_id")) if status else None,
-                       str(env.get("slurm_job_id")), str(env.get("slurm_array"))}
-                if not ({task.task_id, view.raw_id if view else None} & ids - {None, "None", ""}):
-                    continue
-            return _attempt_view(folder, status)
-        return None
-
-    def _node_failure(self, state: RunState, view: SlurmView | None) -> NodeFailure | None:
-        if state.state == "node_fail":
-            nodes = _expand(view.nodes) if view is not None else list(state.nodes)
-            named = self._failed_nodes_in_output(state)
-            kind = "node_fail"
-        elif state.state in ("crashed", "hang") and "nccl" in state.reason.lower():
-            nodes, named, kind = list(state.nodes), [], "nccl"
-        else:
-            return None
-        chosen = [n for n in named if n in nodes] or nodes
-        return NodeFailure(run_id=state.run_id, attempt=state.attempt, kind=kind,
-                           nodes=tuple(n for n in chosen if n),
-                           exact=kind != "node_fail" or bool(named) or len(chosen) <= 1,
-                           ended_at=view.ended_at if view is not None else None)
-
-    def _failed_nodes_in_output(self, state: RunState) -> list[str]:
-        """The nodes srun blamed in the task's Slurm output (`Node failure on node2`, or a step
-        launch that failed on it), when it did (a failed batch host leaves no such line: then
-        every node of the job is suspect)."""
-        if state.task is None:
-            return []
-        master, _, index = state.task.partition("_")
-        attempts = self.dir / RUNS_DIR / state.run_id / "attempts"
-        text = "\n".join(read_tail(attempts / f"slurm-{master}_{index}.{suffix}", LOG_TAIL_BYTES)
-                         for suffix in ("err", "out"))
-        blamed = node_failures_in_srun_output(text)
-        return list(blamed[1]) if blamed else []
+        """Every run's state (`sweep.observation`), from the ledger's submissions with dangling
+        intents settled from the jobs' comments (not written: a poll only reads the ledger)."""
+        return self.observer.observe(list(subs) if subs is not None
+                                     else self.reconcile(write=False))
 
     def nodes(self) -> list[NodeRecord]:
         """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
@@ -381,65 +254,6 @@ class Tracker(SweepFolder):
         under the submit lock."""
         with self.lock():
             return self.bad_nodes.change(forgive=forgive, exclude=exclude)
-
-    def _unhealthy_nodes(self) -> set[str]:
-        try:
-            return self.slurm.unhealthy_nodes()
-        except SlurmError:
-            return set()
-
-
-def _attempt_view(folder: Path, status: dict[str, Any] | None) -> AttemptView:
-    status = status or {}
-    elapsed = None
-    start, end = status.get("started_at"), status.get("ended_at")
-    if isinstance(start, (int, float)) and isinstance(end, (int, float)):
-        elapsed = float(end - start)
-    view = AttemptView(number=int(folder.name), outcome=status.get("outcome"),
-                       reason=str(status.get("reason") or ""), elapsed_s=elapsed,
-                       nodes=tuple(str(n) for n in status.get("nodes") or () if n))
-    blamed = srun_node_failure(folder) if view.outcome not in SRUN_BLAME_SETTLED else None
-    if blamed is None:
-        return view
-    return replace(view, outcome="node_fail", reason=f"{blamed[0]}: {','.join(blamed[1])}",
-                   nodes=blamed[1])
-
-
-def _task_ids(job_id: str) -> list[str]:
-    """The task ids a squeue/sacct row stands for; a plain array id stands for itself."""
-    expanded = expand_task_ids(job_id)
-    if expanded:
-        return [f"{expanded[0]}_{i}" for i in expanded[1]]
-    return [job_id] if job_id.isdigit() else []
-
-
-def _acct_view(entry: AcctEntry) -> SlurmView:
-    return SlurmView(state=entry.state, live=False, raw_id=entry.job_id_raw,
-                     exit_code=entry.exit_code, derived_exit_code=entry.derived_exit_code,
-                     step_states=tuple(step.state for step in entry.steps), nodes=entry.nodes,
-                     elapsed_s=entry.elapsed_s, ended_at=_epoch(entry.end))
-
-
-def _epoch(stamp: str) -> float | None:
-    """sacct's `2026-11-25T01:41:30` (the cluster's local time) as epoch seconds."""
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return None  # "Unknown", "None": the job has not ended
-
-
-def _queue_view(entry: QueueEntry) -> SlurmView:
-    return SlurmView(state=entry.state, live=True, nodes=entry.nodes, reason=entry.reason)
-
-
-def _expand(nodes: str) -> list[str]:
-    if not nodes or nodes in ("None assigned", "(null)"):
-        return []
-    try:
-        return expand_hosts(nodes)
-    except ValueError:
-        return [nodes]
-
 
 
 @dataclass

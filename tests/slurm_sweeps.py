@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.tracker import Observation, Tracker
+from sweep.observation import Observation
+from sweep.tracker import Tracker
 
 VENV_BIN = str(Path(sys.executable).parent)
 

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     unrecorded: list[str] = []
     unconfirmed = ""
     try:  # the cancels are made: accounting that cannot answer must not undo the report of them
-        unrecorded = tracker.await_accounting(ending, ACCOUNTING_WAIT_S) if targets else []
+        unrecorded = tracker.observer.await_accounting(ending, ACCOUNTING_WAIT_S) if targets else []
     except SlurmError as error:
         unconfirmed = str(error)
     if stopped:

@@ -21,8 +21,8 @@ from sweep.errors import UserError
 
 if TYPE_CHECKING:
     from sweep.driver import DriverView
+    from sweep.observation import Observation
     from sweep.submission import RunState
-    from sweep.tracker import Observation
 
 FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
           "lost")

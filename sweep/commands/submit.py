@@ -231,9 +231,9 @@ def _foreground(folder: Path, options: SearchOptions) -> int:
     """The search in this process (the same code the driver runs); as before detached sweeps,
     it neither collects nor reports at the end."""
     from sweep.driver import search_on_slurm
+    from sweep.observation import Observation
     from sweep.slurm import SlurmError
     from sweep.submission import counts_by
-    from sweep.tracker import Observation
 
     def report(observation: Observation) -> None:
         counts = counts_by(observation.states)

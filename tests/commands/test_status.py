@@ -9,9 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from sweep.commands.status import gpu_hours, render
+from sweep.observation import Observation
 from sweep.submission import RunState
 from sweep.sweep_folder import SEARCH_RUNS_FILE, RunInfo, skipped_by_search, time_seconds
-from sweep.tracker import Observation
 
 
 def observation() -> Observation:
