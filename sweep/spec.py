@@ -163,6 +163,14 @@ class Axes(_Strict):
         return sorted(set(value)) if isinstance(value, list) else value
 
 
+def _without_unset(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """A dumped model without an optional field that is unset (None): a field added to the spec
+    later must not change the hash, or the run.json, of a spec that does not use it."""
+    if data.get(key) is None:
+        data.pop(key, None)
+    return data
+
+
 ALLOCATOR_SHARE_MAX = 4.0  # a share of 4 reserves four times the bytes it follows: past any fit
 
 
@@ -194,11 +202,7 @@ class Constraints(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_allocator_when_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Unset is absent: spec hashes of specs without it stay as they were."""
-        data = handler(self)
-        if data.get("allocator") is None:
-            data.pop("allocator", None)
-        return data
+        return _without_unset(handler(self), "allocator")
 
 
 class RunSettings(_Strict):
@@ -256,11 +260,7 @@ class RunSettings(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_early_stop_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Off is absent: spec hashes and run.json files of specs without it stay as they were."""
-        data = handler(self)
-        if data.get("early_stop") is None:
-            data.pop("early_stop", None)
-        return data
+        return _without_unset(handler(self), "early_stop")
 
     @field_validator("framework_dir", "python", "container_image")
     @classmethod
