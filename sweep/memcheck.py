@@ -69,7 +69,7 @@ MEASURED_RANK: Final = {("*", "cuda:rank0"): ("first", "step"),
                         ("*", "cuda"): ("most_loaded", "run"),
                         ("*", "log"): ("most_loaded", "run")}
 # Columns of a runs.parquet row that must equal the spec's for the spec to judge it
-SAME_AS_SPEC: Final = ("seq_len", "dtype", "gpus_per_node")
+SAME_AS_SPEC: Final = ("framework", "seq_len", "dtype", "gpus_per_node")
 # Layout columns a sweep's table carries and the playbook's tables leave at the plan's default
 EXTRA_LAYOUT: Final = ("cp", "ep", "recompute", "pp_schedule", "vpp")
 FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
@@ -222,9 +222,9 @@ def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
 
 
 def _check_same_as_spec(raw: pd.DataFrame, spec: Spec, source: str) -> None:
-    """A row run at another sequence length, dtype or node size than the spec's would be
-    predicted at the spec's: refuse it, naming the column and the fix."""
-    wanted = {"seq_len": spec.seq_len, "dtype": spec.dtype,
+    """A row run by another framework, or at another sequence length, dtype or node size than
+    the spec's would be judged as the spec's: refuse it, naming the column and the fix."""
+    wanted = {"framework": spec.framework, "seq_len": spec.seq_len, "dtype": spec.dtype,
               "gpus_per_node": spec.gpus_per_node_resolved}
     for column in SAME_AS_SPEC:
         if column not in raw:

@@ -332,6 +332,19 @@ def test_a_row_run_at_another_sequence_length_is_refused(tmp_path: Path, playboo
         memcheck.read_memory_runs(path, playbook)
 
 
+def test_runs_of_another_framework_are_refused_not_judged_by_the_specs_profile(
+        tmp_path: Path, playbook: Spec) -> None:
+    """Megatron's runs judged under nanotron's profile (or fitted into constants for it by
+    --write-constants) would be scored against memory they never held."""
+    path = tmp_path / "runs.parquet"
+    pd.DataFrame([_attempt(framework="nanotron"), _attempt(framework="megatron")]).to_parquet(path)
+    wanted = r"column 'framework' has \['megatron'\] where the spec has 'nanotron'"
+    with pytest.raises(memcheck.RunsFileError, match=wanted):
+        memcheck.read_memory_runs(path, playbook)
+    pd.DataFrame([_attempt(framework="nanotron")]).to_parquet(path)
+    assert len(memcheck.read_memory_runs(path, playbook).frame) == 1
+
+
 @pytest.mark.parametrize("table", [FULL, CHARTS])
 def test_a_playbook_table_imported_as_runs_parquet_scores_as_its_csv_does(
         refdata: Path, playbook: Spec, tmp_path: Path, table: str) -> None:
