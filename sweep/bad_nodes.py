@@ -15,7 +15,7 @@ the file (and its modification time) alone, and a sweep whose nodes never failed
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -97,7 +97,7 @@ def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
                           data.get("forgiven_at") or {})
 
 
-def _failures_of(records: Any) -> list[tuple[NodeFailure, float]]:
+def _failures_of(records: Iterable[dict[str, Any]]) -> list[tuple[NodeFailure, float]]:
     """The recorded failures with when each was first seen."""
     out = []
     for record in records:

@@ -88,7 +88,7 @@ def last_window(steps: Sequence[tuple[int, float]], rule: EarlyStop,
 
 
 def steady_window(steps: Sequence[tuple[int, float]], rule: EarlyStop,
-                 warmup_steps: int) -> Window | None:
+                  warmup_steps: int) -> Window | None:
     """The window that shows the run steady after its last step, or None: keep going.
 
     `steps`: (step number, step time in seconds) in step order; warm-up steps never count.

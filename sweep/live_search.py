@@ -106,9 +106,10 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
         return answer.set_axis(ids)
 
     prior = plan_coefficients if strategy == "shortlist" and plan_coefficients else Coefficients()
-    result = strategies.search(candidates, oracle, strategy, workloads, prior=prior, params=params,
-                            held=None if calibration is None else calibration.held,
-                            replan=calibration)
+    result = strategies.search(candidates, oracle, strategy, workloads, prior=prior,
+                               params=params,
+                               held=None if calibration is None else calibration.held,
+                               replan=calibration)
     considered = candidates.loc[result.considered]  # without what the plan never kept
     search = LiveSearch(result, considered, search_report.progress(result, considered))
     write_search(sweep_dir, search)

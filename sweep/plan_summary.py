@@ -93,9 +93,9 @@ def allocator_notes(spec: Spec) -> list[str]:
     correction. For expandable segments it adds what one measurement saw (README, "On a real
     GPU"): two runs are not a model of it."""
     notes = []
-    if spec.constraints.allocator is not None:
+    if spec.allocator is not None:
         notes.append(f"memory: the spec's allocator constants (constraints.allocator: "
-                     f"{spec.constraints.allocator.to_allocator().describe()}) instead "
+                     f"{spec.allocator.describe()}) instead "
                      f"of the profile's fitted ones ({Allocator.of(spec.framework).describe()})")
     envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]
     settings = allocator_settings(envs)
@@ -237,7 +237,7 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
     budget = space.RuleContext.from_spec(spec, model).memory_budget_bytes
     lines = [f"{run_id}: {model.name} on {int(row['nodes'])} node(s), {layout.label()}",
              f"framework profile: {spec.framework}"
-             + (" (the spec's allocator constants)" if spec.constraints.allocator else "")
+             + (" (the spec's allocator constants)" if spec.allocator else "")
              + f", seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]
     if budget is not None:

@@ -76,7 +76,7 @@ def mfu_columns(shape: ModelShape, seq_len: int, tokens_per_sec_per_gpu: float |
 
 
 def step_statistics(steps: list[dict[str, Any]], warmup: int, global_batch_tokens: int | None,
-                 world_size: int | None) -> dict[str, Any]:
+                    world_size: int | None) -> dict[str, Any]:
     """Statistics over the step records after the warm-up (by step number), nothing rounded."""
     ordered = sorted(steps, key=lambda s: s.get("step") or 0)
     kept = [s for s in ordered if (s.get("step") or 0) > warmup]

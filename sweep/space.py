@@ -143,8 +143,7 @@ class RuleContext:
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
                    tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu,
-                   allocator=(spec.constraints.allocator.to_allocator()
-                              if spec.constraints.allocator is not None else None))
+                   allocator=spec.allocator)
 
     def memory_profile(self) -> MemoryProfile:
         """The framework's memory profile, with the spec's allocator constants if it names them."""

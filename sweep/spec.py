@@ -38,6 +38,7 @@ from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES
 from sweep.memory_profiles import Allocator, MemoryProfile, profile_with
 from sweep.model import ModelShape, shape_problems
 from sweep.units import GiB, MiB
+from sweep.yaml_locate import field_path, first_duplicate_key, line_of
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # Slurm option values: partition names, accounts, QoS, feature expressions, node lists.
@@ -483,11 +484,16 @@ class Spec(_Strict):
         return self.constraints.max_tp or self.gpus_per_node_resolved
 
     @property
+    def allocator(self) -> Allocator | None:
+        """The spec's own allocator constants (`constraints.allocator`), None: the profile's."""
+        constants = self.constraints.allocator
+        return constants.to_allocator() if constants is not None else None
+
+    @property
     def memory_profile(self) -> MemoryProfile:
         """The framework's memory profile, with the spec's allocator constants where it names
-        them (`constraints.allocator`): every memory prediction of this sweep uses it."""
-        constants = self.constraints.allocator
-        return profile_with(self.framework, constants.to_allocator() if constants else None)
+        them: every memory prediction of this sweep uses it."""
+        return profile_with(self.framework, self.allocator)
 
     def spec_hash(self) -> str:
         """A stable hash of the validated spec (order of YAML keys does not matter)."""
@@ -549,7 +555,7 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         raise SpecError(source, line, "(yaml)", f"not valid YAML: {getattr(error, 'problem', error)}") from None
     if not isinstance(data, dict):
         raise SpecError(source, 1, "(top level)", "the spec must be a YAML mapping of fields")
-    duplicate = _first_duplicate_key(root)
+    duplicate = first_duplicate_key(root)
     if duplicate is not None:
         repeated, line_before, line_again = duplicate
         raise SpecError(source, line_again, repeated,
@@ -562,7 +568,7 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         # A misspelt key also makes its correct spelling "missing": name the typo, not the gap.
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(first["loc"])
-        field = _field_path(loc)
+        field = field_path(loc)
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
             message = "unknown field" + _did_you_mean(str(loc[-1])) + \
@@ -576,8 +582,8 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         if not loc and located:  # a cross-field check names its field in the message
             path, message = located.groups()
             loc = tuple(int(part) if part.isdigit() else part for part in path.split("."))
-            field = _field_path(loc)
-        return_line = _line_of(root, loc)
+            field = field_path(loc)
+        return_line = line_of(root, loc)
         raise SpecError(source, return_line, field, message) from None
 
 
@@ -593,63 +599,6 @@ def _known_field_names() -> set[str]:
 def _did_you_mean(key: str) -> str:
     close = difflib.get_close_matches(key, sorted(_known_field_names()), n=1, cutoff=0.75)
     return f" {key!r}: did you mean {close[0]!r}?" if close else f" {key!r}"
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif item in ("str", "catalog", "inline", "InlineModel") or "[" in str(item) \
-                or str(item).startswith("literal") or str(item).startswith("function"):
-            continue  # pydantic's union-branch markers are not fields
-        else:
-            parts.append(("." if parts else "") + str(item))
-    return "".join(parts) or "(top level)"
-
-
-def _first_duplicate_key(node: yaml.Node | None, path: str = "") -> tuple[str, int, int] | None:
-    """The first key that a YAML mapping repeats (its dotted path and both 1-based lines), or
-    None. PyYAML keeps the last value of a repeated key without a word, so a spec with two
-    `constraints:` blocks (say, one pasted from `sweep memory-check --write-constants`) would
-    lose the first one's settings silently."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[object, int] = {}
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else None
-            field = f"{path}.{name}" if path else str(name)
-            line = key.start_mark.line + 1
-            if name is not None and name in seen:
-                return field, seen[name], line
-            if name is not None:
-                seen[name] = line
-            found = _first_duplicate_key(value, field)
-            if found is not None:
-                return found
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            found = _first_duplicate_key(item, f"{path}[{index}]")
-            if found is not None:
-                return found
-    return None
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int:
-    """The 1-based line of the deepest YAML node that `loc` reaches."""
-    line = node.start_mark.line + 1 if node is not None else 0
-    for key in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if k.value == key), None)
-            if match is None:
-                key_node = next((k for k, _ in node.value if k.value == key), None)
-                return key_node.start_mark.line + 1 if key_node else line
-            node = match
-        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):
-            node = node.value[key]
-        else:
-            continue
-        line = node.start_mark.line + 1
-    return line
 
 
 __all__ = ["Spec", "SpecError", "load_spec", "parse_spec", "FRAMEWORKS", "PP_SCHEDULES",

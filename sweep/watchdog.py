@@ -378,7 +378,7 @@ class Watchdog:
                 continue
             self._steady_checked = step
             window = steady_window(ordered[max(0, index + 1 - rule.window):index + 1], rule,
-                                  self.config.warmup_steps)
+                                   self.config.warmup_steps)
             if window is not None and not self._failure_logged():
                 self.steady = window
                 self.event("steady_state", **window.to_json())

@@ -65,10 +65,9 @@ def run(args: argparse.Namespace) -> int:
         runs = memcheck.read_memory_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
-    if args.write_constants is not None:
-        _write_constants(args, runs, spec)
+    alone = _write_constants(args, runs, spec) if args.write_constants is not None else None
     if args.cv == "model":
-        return _cross_validate(args, runs, spec)
+        return _cross_validate(args, runs, spec, alone)
     judged = memcheck.judge(runs, spec)
     result = memcheck.score_judged(judged, runs.format, runs.n_skipped).to_dict()
     by_version = memcheck.score_by_version(judged, runs.format)
@@ -93,13 +92,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> int:
+def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
+                    alone_fit: fit.AllocatorFit | None = None) -> int:
+    """`alone_fit`: the constants fitted on this table alone, if `--write-constants` fitted them."""
     published = fit_reference.published_bases(refdata_dir())
     must_fit = published.get(fit_reference.LLMFOUNDRY_FILE)
     try:
         cv = fit.cross_validate(runs, spec, must_fit=must_fit)
         # the published configurations held out too: constants fitted on this table alone
-        alone_fit = fit.fit_allocator(runs, spec)
+        alone_fit = alone_fit or fit.fit_allocator(runs, spec)
         alone = alone_fit.allocator
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}") from None
@@ -156,9 +157,10 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -
     return 0
 
 
-def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> None:
+def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> fit.AllocatorFit:
     """Fit the constants on RUNS alone (no published table constrains them: the runs are the
-    cluster's own) and write them as spec lines, headed by their provenance and figures."""
+    cluster's own) and write them as spec lines, headed by their provenance and figures; the fit
+    is returned for `--cv model` to report beside its folds."""
     try:
         fitted = fit.fit_allocator(runs, spec)
     except ValueError as error:
@@ -179,6 +181,7 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
         raise UserError(f"--write-constants {args.write_constants}: {error.strerror}") from None
     print(f"allocator constants fitted on {fitted.rows} successful run(s) of {args.runs} "
           f"({fitted.allocator.describe()}) → {args.write_constants}", file=sys.stderr)
+    return fitted
 
 
 def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
