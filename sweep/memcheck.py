@@ -349,7 +349,8 @@ def _evaluate_with(columns: dict[str, np.ndarray], ctx: space.RuleContext,
     if ctx.memory_budget_bytes is not None and mem:
         estimated = columns["grad_acc"] >= 1
         over = space.memory_over(mem, ctx.memory_budget_bytes, probes=False) & estimated
-        beyond_band = space.memory_over(mem, ctx.memory_budget_bytes, probes=True)
+        beyond_band = space.memory_over(mem, ctx.memory_budget_bytes, probes=True,
+                                        band=ctx.reserved_band)
         probed = (code == -1) & over & ~beyond_band
         code[(code == -1) & over] = space.RULE_NAMES.index("memory")
     return code, probed

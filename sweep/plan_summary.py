@@ -19,7 +19,7 @@ import pandas as pd
 
 from sweep import memory, space
 from sweep.errors import UserError
-from sweep.memory_profiles import RESERVED_BAND, Allocator, allocator_settings, reserved_interval
+from sweep.memory_profiles import Allocator, allocator_settings, reserved_interval
 from sweep.plan_file import PLAN_FILE
 from sweep.spec import Spec
 from sweep.units import GiB
@@ -69,7 +69,7 @@ def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
     judged = frame["status"].isin([space.KEPT, "pruned:memory"]) \
         & frame["mem_reserved_bytes"].notna()
     rows = frame[judged]
-    low, high = reserved_interval(rows["mem_reserved_bytes"].to_numpy(float),
+    low, high = reserved_interval(rows["mem_reserved_bytes"].to_numpy(float), spec.reserved_band,
                                   fixed_bytes=rows["mem_overhead_bytes"].to_numpy(float))
     kept = (rows["status"] == space.KEPT).to_numpy()
     probe = space.is_probe(rows, budget)
@@ -77,7 +77,7 @@ def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
                           kept_could_oom=int((kept & ~probe & (high > budget)).sum()),
                           probes=int(probe.sum()), pruned=int((~kept).sum()),
                           pruned_could_fit=int(((low <= budget) & ~kept).sum()),
-                          band=RESERVED_BAND)
+                          band=spec.reserved_band)
 
 
 # The built-in workload, Llama-3.2-3B at micro-batch 4, seq 2048, on an H200 (PyTorch 2.11):
@@ -93,10 +93,17 @@ def allocator_notes(spec: Spec) -> list[str]:
     correction. For expandable segments it adds what one measurement saw (README, "On a real
     GPU"): two runs are not a model of it."""
     notes = []
-    if spec.allocator is not None:
+    constants = spec.constraints.allocator
+    if spec.allocator is not None and constants is not None:
+        low, high = spec.reserved_band
+        band = (f"their band {low:+.1%} .. {high:+.1%} (left out)" if constants.band is not None
+                else f"no band of their own: the probes use the shipped constants' left-out band "
+                     f"{low:+.1%} .. {high:+.1%} (`sweep memory-check --write-constants --cv "
+                     "model` measures theirs)")
         notes.append(f"memory: the spec's allocator constants (constraints.allocator: "
                      f"{spec.allocator.describe()}) instead "
-                     f"of the profile's fitted ones ({Allocator.of(spec.framework).describe()})")
+                     f"of the profile's fitted ones ({Allocator.of(spec.framework).describe()}); "
+                     f"{band}")
     envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]
     settings = allocator_settings(envs)
     if not settings:

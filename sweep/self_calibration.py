@@ -330,7 +330,8 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float,
     if budget is not None:
         mem = {c: out[c].astype("float64").to_numpy() for c in
                ("mem_total_bytes", "mem_reserved_bytes", "mem_overhead_bytes")}
-        over = judged & space.memory_over(mem, budget, probes=spec.constraints.memory_probes)
+        over = judged & space.memory_over(mem, budget, probes=spec.constraints.memory_probes,
+                                          band=spec.reserved_band)
     was = out["status"].astype(str)
     out.loc[judged & over, "status"] = memory_rule
     out.loc[judged & ~over, "status"] = space.KEPT

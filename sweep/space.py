@@ -41,7 +41,13 @@ from sweep import memory
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.layout import Layout
-from sweep.memory_profiles import Allocator, MemoryProfile, profile_with, reserved_interval
+from sweep.memory_profiles import (
+    RESERVED_BAND,
+    Allocator,
+    MemoryProfile,
+    profile_with,
+    reserved_interval,
+)
 from sweep.model import ModelShape
 from sweep.runconfig import RunConfig
 from sweep.spec import Spec
@@ -128,6 +134,7 @@ class RuleContext:
     tp_comm_overlap: bool = False
     gpu: str = ""
     allocator: Allocator | None = None  # the spec's allocator constants; None: the profile's own
+    reserved_band: tuple[float, float] = RESERVED_BAND  # the probes' band (`memory_over`)
 
     @classmethod
     def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
@@ -143,7 +150,7 @@ class RuleContext:
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
                    tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu,
-                   allocator=spec.allocator)
+                   allocator=spec.allocator, reserved_band=spec.reserved_band)
 
     def memory_profile(self) -> MemoryProfile:
         """The framework's memory profile, with the spec's allocator constants if it names them."""
@@ -257,16 +264,19 @@ def evaluate(columns: Mapping[str, np.ndarray], ctx: RuleContext,
             full[wanted] = values
             mem[key] = full
     if ctx.memory_budget_bytes is not None and "memory" not in skip and mem:
-        over = memory_over(mem, ctx.memory_budget_bytes, probes=ctx.memory_probes)
+        over = memory_over(mem, ctx.memory_budget_bytes, probes=ctx.memory_probes,
+                           band=ctx.reserved_band)
         code[(code == -1) & wanted & over] = RULE_NAMES.index("memory")
     return code, mem
 
 
-def memory_over(mem: Mapping[str, ArrayLike], budget: int, probes: bool = True) -> np.ndarray:
+def memory_over(mem: Mapping[str, ArrayLike], budget: int, probes: bool = True,
+                band: tuple[float, float] = RESERVED_BAND) -> np.ndarray:
     """Which candidates the memory rule prunes, from the memory model's columns.
 
     The point estimate (`mem_total_bytes`) is over the budget, and, with `probes`, so is the low
-    end of its band: the reserved peak's left-out error (`reserved_interval`; the CUDA/NCCL
+    end of its band: the reserved peak's left-out error (`reserved_interval`, with `band`: the
+    spec's own, `Spec.reserved_band`, else the shipped constants'; the CUDA/NCCL
     overhead outside the allocator is added as predicted). A candidate the band puts on both
     sides of the limit is not pruned: the model cannot tell, so the run is kept as a *probe*
     (`is_probe`), and its outcome decides it and, through the OOM proof of `sweep.strategies`, its
@@ -276,7 +286,8 @@ def memory_over(mem: Mapping[str, ArrayLike], budget: int, probes: bool = True) 
     total = np.asarray(mem["mem_total_bytes"], dtype=np.float64)
     over = total > budget
     if probes:
-        low, _ = reserved_interval(mem["mem_reserved_bytes"], fixed_bytes=mem["mem_overhead_bytes"])
+        low, _ = reserved_interval(mem["mem_reserved_bytes"], band,
+                                   fixed_bytes=mem["mem_overhead_bytes"])
         over &= low > budget
     return over
 

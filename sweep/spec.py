@@ -35,7 +35,7 @@ from sweep import catalog
 from sweep.early_stop import EarlyStop
 from sweep.hardware import GpuSpec
 from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
-from sweep.memory_profiles import Allocator, MemoryProfile, profile_with
+from sweep.memory_profiles import RESERVED_BAND, Allocator, MemoryProfile, profile_with
 from sweep.model import ModelShape, shape_problems
 from sweep.units import GiB, MiB
 from sweep.yaml_locate import field_path, first_duplicate_key, line_of
@@ -173,6 +173,7 @@ def _without_unset(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 ALLOCATOR_SHARE_MAX = 4.0  # a share of 4 reserves four times the bytes it follows: past any fit
+BAND_HIGH_MAX = 4.0  # predicted five times the measured peak: no model worth planning with
 
 
 class AllocatorConstants(_Strict):
@@ -184,6 +185,33 @@ class AllocatorConstants(_Strict):
     pipelined: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
     logits: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
     floor_mib: Annotated[int, Field(ge=0, le=64 * 1024)]
+    # How far off these constants are on a model they were not fitted on: the 5th and 95th
+    # percentiles of predicted / measured - 1 of the reserved peak, leave one model out (`sweep
+    # memory-check --write-constants --cv model` writes it). The memory rule's probes use it
+    # (sweep.space.memory_over); None: the shipped constants' band, measured on other runs.
+    band: tuple[float, float] | None = None
+
+    @field_validator("band", mode="before")
+    @classmethod
+    def _band_has_two_ends(cls, band: object) -> object:
+        if isinstance(band, (list, tuple)) and len(band) != 2:
+            raise ValueError(f"band {list(band)} must be two numbers, [low, high]: the 5th and "
+                             "95th percentiles of predicted / measured - 1")
+        return band
+
+    @field_validator("band")
+    @classmethod
+    def _band_is_an_interval(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not (-1.0 < band[0] <= band[1] <= BAND_HIGH_MAX):
+            raise ValueError(f"band {list(band)} must be [low, high] with -1 < low <= high <= "
+                             f"{BAND_HIGH_MAX:g}: the 5th and 95th percentiles of predicted / "
+                             "measured - 1 (`sweep memory-check --write-constants --cv model` "
+                             "writes them)")
+        return band
+
+    @model_serializer(mode="wrap")
+    def _omit_band_when_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_unset(handler(self), "band")
 
     def to_allocator(self) -> Allocator:
         return Allocator(self.sequential, self.pipelined, self.logits, self.floor_mib * MiB)
@@ -494,6 +522,14 @@ class Spec(_Strict):
         """The framework's memory profile, with the spec's allocator constants where it names
         them: every memory prediction of this sweep uses it."""
         return profile_with(self.framework, self.allocator)
+
+    @property
+    def reserved_band(self) -> tuple[float, float]:
+        """The band of the memory rule's probes: the spec's own (`constraints.allocator.band`),
+        else the shipped constants' left-out error."""
+        constants = self.constraints.allocator
+        return constants.band if constants is not None and constants.band is not None \
+            else RESERVED_BAND
 
     def spec_hash(self) -> str:
         """A stable hash of the validated spec (order of YAML keys does not matter)."""

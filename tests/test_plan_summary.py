@@ -34,7 +34,7 @@ def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -
 
 def test_the_plan_and_its_explanations_say_when_the_spec_brings_its_own_allocator_constants() -> None:
     from sweep import space
-    from sweep.memory_profiles import Allocator
+    from sweep.memory_profiles import RESERVED_BAND, Allocator
     from sweep.plan_summary import allocator_notes, explain
 
     text = ("name: own\nframework: nanotron\nmodels: [playbook-1b]\nnodes: [1]\nseq_len: 4096\n"
@@ -43,9 +43,17 @@ def test_the_plan_and_its_explanations_say_when_the_spec_brings_its_own_allocato
     spec = parse_spec(text + "constraints:\n  allocator: {sequential: 0.2, pipelined: 0.5, "
                              "logits: 0.25, floor_mib: 512}\n")
     [note] = allocator_notes(spec)
-    assert note == ("memory: the spec's allocator constants (constraints.allocator: sequential "
-                    "0.2, pipelined 0.5, logits 0.25, floor 512 MiB) instead of the profile's "
-                    f"fitted ones ({Allocator.of('nanotron').describe()})")
+    assert note.startswith("memory: the spec's allocator constants (constraints.allocator: "
+                           "sequential 0.2, pipelined 0.5, logits 0.25, floor 512 MiB) instead of "
+                           f"the profile's fitted ones ({Allocator.of('nanotron').describe()}); ")
+    low, high = RESERVED_BAND
+    assert note.endswith(f"no band of their own: the probes use the shipped constants' left-out "
+                         f"band {low:+.1%} .. {high:+.1%} (`sweep memory-check --write-constants "
+                         "--cv model` measures theirs)")
+    [banded] = allocator_notes(parse_spec(
+        text + "constraints:\n  allocator: {sequential: 0.2, pipelined: 0.5, logits: 0.25, "
+               "floor_mib: 512, band: [-0.25, 0.125]}\n"))
+    assert banded.endswith("; their band -25.0% .. +12.5% (left out)")
     plan = space.plan(spec)
     row = plan[plan.status == "kept"].iloc[0]
     shown = explain(spec, plan, str(row.run_id))

@@ -290,6 +290,27 @@ def test_the_memory_rule_prunes_only_what_its_band_puts_over_the_limit() -> None
     assert space.memory_over(with_overhead, GiB).tolist() == [False, True, True]
 
 
+def test_a_spec_that_measured_its_own_band_probes_by_it() -> None:
+    """`constraints.allocator.band` (the left-out error of the spec's own constants) replaces the
+    shipped band: a band that reaches no lower than the point estimate leaves nothing to probe,
+    a wider one probes more, and the candidates the memory rule judges are the same."""
+    constants = "{sequential: 0.2, pipelined: 0.5, logits: 0.25, floor_mib: 256"
+
+    def plan_with(band: str) -> pd.DataFrame:
+        return space.plan(spec_from(SMALL + f"constraints: {{allocator: {constants}{band}}}}}\n"))
+
+    own_none = plan_with("")
+    exact = plan_with(", band: [0.0, 0.0]")
+    wide = plan_with(", band: [-0.6, 0.3]")
+    assert not exact.probe.any()
+    assert wide.probe.sum() > own_none.probe.sum() > 0
+    judged = [int(((p.status == "kept") | (p.prune_rule == "memory")).sum())
+              for p in (own_none, exact, wide)]
+    assert judged[0] == judged[1] == judged[2]
+    assert spec_from(SMALL + f"constraints: {{allocator: {constants}, band: [-0.6, 0.3]}}}}\n"
+                     ).reserved_band == (-0.6, 0.3)
+
+
 def test_run_ids_are_those_of_run_config(small_plan: pd.DataFrame) -> None:
     kept = small_plan[small_plan.status == "kept"]
     assert kept.run_id.notna().all() and kept.run_id.is_unique

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep.memory_profiles import RESERVED_BAND
 from sweep.spec import SpecError, load_spec, parse_spec
 
 MINIMAL = """\
@@ -206,6 +207,12 @@ def test_allocator_constants_in_the_spec_replace_the_profiles_own() -> None:
     # unset is absent, so the hashes of specs that never set it stay as they were
     assert "allocator" not in shipped.model_dump(mode="json")["constraints"]
     assert parse_spec(MINIMAL + ALLOCATOR).spec_hash() != shipped.spec_hash()
+    # no band of their own: the probes keep the shipped constants' left-out band
+    assert parse_spec(MINIMAL + ALLOCATOR).reserved_band == RESERVED_BAND == shipped.reserved_band
+    assert "band" not in parse_spec(MINIMAL + ALLOCATOR).model_dump(mode="json")["constraints"][
+        "allocator"]
+    banded = parse_spec(MINIMAL + ALLOCATOR.replace("}", ", band: [-0.25, 0.125]}"))
+    assert banded.reserved_band == (-0.25, 0.125)
 
 
 @pytest.mark.parametrize("replace_from, replace_to, field", [
@@ -213,6 +220,9 @@ def test_allocator_constants_in_the_spec_replace_the_profiles_own() -> None:
     ("logits: 0.25", "logits: 9", "constraints.allocator.logits"),
     ("floor_mib: 512", "floor_mib: many", "constraints.allocator.floor_mib"),
     (", floor_mib: 512", "", "constraints.allocator.floor_mib"),
+    ("floor_mib: 512", "floor_mib: 512, band: [0.1, -0.1]", "constraints.allocator.band"),
+    ("floor_mib: 512", "floor_mib: 512, band: [-1.0, 0.1]", "constraints.allocator.band"),
+    ("floor_mib: 512", "floor_mib: 512, band: [-0.1]", "constraints.allocator.band"),
 ])
 def test_allocator_constants_out_of_range_are_refused_by_name(
         replace_from: str, replace_to: str, field: str) -> None:

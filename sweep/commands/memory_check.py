@@ -169,7 +169,7 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
     left_out = None
     if args.cv == "model" and runs.frame["model"].nunique() > 1:
         # the same procedure, one model left out each time: how such constants hold on a new model
-        left_out = fit.cross_validate(runs, spec).cross_validated
+        left_out = fit.cross_validate(runs, spec)
     versions = (sorted(runs.frame["framework_version"].dropna().astype(str).unique())
                 if "framework_version" in runs.frame else [])
     text = constants_text(fitted, source=args.runs, sha256=file_sha256(args.runs),
@@ -185,11 +185,16 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
 
 
 def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
-                   spec: Spec, spec_path: Path, left_out: memcheck.MemoryCheck | None = None,
+                   spec: Spec, spec_path: Path, left_out: fit.CrossValidation | None = None,
                    versions: Sequence[str] = ()) -> str:
     """The `constraints.allocator` lines of a spec, headed by comments that say what they were
     fitted on, how, and how well (in-sample, and with `left_out` each model scored by constants
-    fitted on the others), so that a spec that carries them says where they came from."""
+    fitted on the others), so that a spec that carries them says where they came from.
+
+    With `left_out`, the line carries its band too (the held-out error's 5th..95th percentile):
+    the probes of a sweep planned with these constants then straddle their own error, not the
+    shipped constants'. Without it no band is written: an in-sample spread would be too narrow,
+    and a probe band too narrow prunes successes."""
     a = fitted.allocator
     f = fitted.figures
     oom = "n/a (the runs tell no OOM apart)" if f.oom_pruned_frac is None \
@@ -199,12 +204,21 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         "with these")
     floor_mib = round(a.floor_bytes / MiB)
     notes = []
+    band = ""
     if left_out is not None:
+        held = left_out.cross_validated
+        low, high = (round(x, 6) for x in left_out.band())
+        band = f", band: [{low!r}, {high!r}]"
         notes.append(
             f"# left out (each model scored by constants fitted on the others): successes kept "
-            f"{_cell(left_out.success_kept_frac)}, OOMs pruned {_cell(left_out.oom_pruned_frac)}, "
-            f"reserved peak median / p90 |error| {_cell(left_out.reserved_median_abs_rel_err)} / "
-            f"{_cell(left_out.reserved_p90_abs_rel_err)}")
+            f"{_cell(held.success_kept_frac)}, OOMs pruned {_cell(held.oom_pruned_frac)}, "
+            f"reserved peak median / p90 |error| {_cell(held.reserved_median_abs_rel_err)} / "
+            f"{_cell(held.reserved_p90_abs_rel_err)}; band (predicted / measured - 1, "
+            f"{fit.BAND_QUANTILES[0]:.0%}..{fit.BAND_QUANTILES[1]:.0%} percentile): {low:+.4f} .. "
+            f"{high:+.4f}, for the memory rule's probes")
+    else:
+        notes.append("# no band: the probes use the shipped constants' left-out band; with runs of "
+                     "two models or more, `--cv model` measures these constants' own")
     at_edge = [f"{name} {value:g}" for name, value, top in (
         ("sequential", a.sequential, fit.GRID.sequential[-1]),
         ("pipelined", a.pipelined, fit.GRID.pipelined[-1]),
@@ -236,7 +250,7 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         "# playbook's nanotron runs.",
         "constraints:",
         f"  allocator: {{sequential: {a.sequential!r}, pipelined: {a.pipelined!r}, "
-        f"logits: {a.logits!r}, floor_mib: {floor_mib}}}",
+        f"logits: {a.logits!r}, floor_mib: {floor_mib}{band}}}",
         ""])
 
 

@@ -60,6 +60,7 @@ def test_the_written_constants_pasted_into_the_spec_score_as_their_header_says(
     assert re.search(r"sha256 [0-9a-f]{64}", text) and "framework builtin, GPU h200" in text
     allocator = yaml.safe_load(text)["constraints"]["allocator"]
     assert set(allocator) == {"sequential", "pipelined", "logits", "floor_mib"}
+    assert "# no band: the probes use the shipped constants' left-out band" in text
 
     own = tmp_path / "own.yaml"
     own.write_text(SPEC + text)  # the spec has no `constraints:` of its own: paste as written
@@ -100,3 +101,29 @@ def test_with_cv_the_header_says_how_such_constants_hold_on_a_model_left_out(
     median, p90 = map(float, re.findall(r"\|error\| ([\d.]+) / ([\d.]+)", line)[0])
     in_sample = re.findall(r"in-sample: .*\|error\| ([\d.]+) / ([\d.]+)", out.read_text())[0]
     assert median > float(in_sample[0]) and p90 > float(in_sample[1])
+
+
+def test_with_cv_the_constants_carry_their_left_out_band_and_the_plan_probes_by_it(
+        measured: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The band is the held-out error of the same fit (5th..95th percentile of predicted /
+    measured - 1, each model's runs scored by constants fitted on the other model's): the
+    interval a sweep planned with these constants probes inside, instead of the shipped
+    constants' band, which was measured on other runs."""
+    runs, spec = measured
+    out = tmp_path / "constants.yaml"
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--write-constants", str(out),
+                 "--cv", "model"]) == 0
+    text = out.read_text()
+    low, high = yaml.safe_load(text)["constraints"]["allocator"]["band"]
+    assert -1 < low <= high
+    header = re.search(r"band \(predicted / measured - 1, 5%..95% percentile\): ([-+.\d]+) .. "
+                       r"([-+.\d]+), for the memory rule's probes", text)
+    assert header is not None
+    assert [float(v) for v in header.groups()] == pytest.approx([low, high], abs=5e-5)
+
+    own = tmp_path / "own.yaml"
+    own.write_text(SPEC + text)
+    assert load_spec(own).reserved_band == (low, high)
+    capsys.readouterr()
+    assert main(["plan", str(own), "--out", str(tmp_path / "plan")]) == 0
+    assert f"their band {low:+.1%} .. {high:+.1%} (left out)" in capsys.readouterr().out
