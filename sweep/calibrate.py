@@ -25,7 +25,6 @@ from sweep.model import count_parameters
 from sweep.spec import Spec
 from sweep.throughput import (
     FEATURES,
-    GRAD_REDUCE_BYTES,
     Coefficients,
     Workload,
     features,
@@ -346,14 +345,14 @@ def relative_errors(frame: pd.DataFrame, work: Workload, coeffs: Coefficients,
 
 def workloads_for(spec: Spec) -> dict[str, Workload]:
     """One throughput-model workload per model of the spec, by model name."""
-    from sweep.memory_profiles import PROFILES
+    from sweep.frameworks import get_adapter
     from sweep.traffic import traffic_for
 
-    profile = PROFILES.get(spec.framework, PROFILES["builtin"])
+    adapter = get_adapter(spec.framework)
     return {shape.name: Workload(shape, spec.seq_len, spec.gpu_spec, spec.dtype,
-                                 spec.gpus_per_node_resolved,
-                                 GRAD_REDUCE_BYTES.get(spec.framework, 4),
-                                 stage_split=profile.stage_split, traffic=traffic_for(spec.framework))
+                                 spec.gpus_per_node_resolved, adapter.grad_reduce_bytes,
+                                 stage_split=spec.memory_profile.stage_split,
+                                 traffic=traffic_for(adapter.kernels))
             for shape in spec.model_shapes}
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from sweep import cuda_oom
+from sweep.frameworks import get_adapter
 from sweep.local import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
 from sweep.rows import (
     config_columns,
@@ -268,11 +269,15 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
     world = config.world_size if config else None
     gbt = row.get("global_batch_tokens")
     summary = None
-    if config is None or config.framework == "builtin":
+    # the framework whose log lines hold the steps; None: the run wrote metrics.jsonl (without
+    # a run.json, the folder is read as the built-in workload's)
+    logged_by = (config.framework if config is not None
+                 and not _writes_metrics_file(config.framework) else None)
+    if logged_by is None:
         steps, summary = read_metrics(attempt_dir / METRICS_FILE, issues)
         row["parser"] = METRICS_FORMAT
     else:
-        steps = _steps_from_logs(row, attempt_dir, config.framework, issues)
+        steps = _steps_from_logs(row, attempt_dir, logged_by, issues)
     stats = step_statistics(steps, warmup, gbt, world)
     _check_logged_rate(steps, warmup, stats, issues)
     last_step = row.get("last_step")
@@ -305,8 +310,8 @@ def _metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | 
         mfus = [s["mfu_pct"] for s in steps if s.get("mfu_pct") is not None and s.get("step", 0) > warmup]
         if mfus:
             row["mfu_reported"] = statistics.fmean(mfus) / 100.0
-            row["mfu_reported_convention"] = ("full_attention" if config is None or
-                                              config.framework == "builtin" else f"{config.framework}-log")
+            row["mfu_reported_convention"] = ("full_attention" if logged_by is None
+                                              else f"{logged_by}-log")
     elif row.get("outcome") == "completed":
         issues.append(f"{METRICS_FILE}: no step records for a completed attempt")
     if stats["step_time_n"] == 0 and steps and summary is None:
@@ -376,6 +381,15 @@ def _apply_mfu(row: dict[str, Any], config: RunConfig, summary: Mapping[str, Any
                           f"sweep.flops ({ours}); stored the sweep.flops value")
     if row.get("mfu_reported") is not None and row.get("tokens_per_sec_per_gpu") and peak:
         row["flops_per_token_reported"] = row["mfu_reported"] * peak[0] / row["tokens_per_sec_per_gpu"]
+
+
+def _writes_metrics_file(framework: str) -> bool:
+    """Whether the framework's runs write metrics.jsonl (`FrameworkAdapter.writes_metrics_file`);
+    False for a name no adapter has, whose logs then say so (`_steps_from_logs`)."""
+    try:
+        return get_adapter(framework).writes_metrics_file
+    except ValueError:
+        return False
 
 
 def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,

@@ -21,15 +21,6 @@ PP_SCHEDULES: Final = ("1f1b", "gpipe", "interleaved_1f1b")
 ZERO_STAGES: Final = (0, 1, 2, 3)
 DTYPES: Final = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
-# ZeRO stages each framework implements (Megatron: distributed optimizer = 1; nanotron: ZeRO-1;
-# torchtitan: DDP or FSDP2 with reshard-after-forward off/on = 0/2/3).
-FRAMEWORK_ZERO_STAGES: Final = {
-    "megatron": (0, 1),
-    "nanotron": (0, 1),
-    "torchtitan": (0, 2, 3),
-    "builtin": (0, 1, 2, 3),
-}
-
 
 @dataclass(frozen=True)
 class Layout:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sweep import catalog, flops
+from sweep.frameworks import ADAPTER_MODULES, get_adapter
 from sweep.model import ModelShape, count_parameters
 from sweep.runconfig import RunConfig
 from sweep.schema import CONVENTIONS, DEFAULT_STEADY_STATE_POLICY
@@ -123,9 +124,6 @@ def _git_sha(state: Any) -> str | None:
     return str(state["sha"]) + ("-dirty" if state.get("dirty") else "")
 
 
-_FRAMEWORK_PACKAGES = {"megatron": "megatron-core", "nanotron": "nanotron", "torchtitan": "torchtitan"}
-
-
 def _section(record: Mapping[str, Any], key: str) -> dict[str, Any]:
     value = record.get(key)
     return value if isinstance(value, dict) else {}
@@ -137,12 +135,13 @@ def provenance_columns(env: Mapping[str, Any], framework: str | None) -> dict[st
     packages = _section(env, "packages")
     frame = _section(env, "framework")
     framework_sha = _git_sha(frame.get("git"))
-    package = packages.get(_FRAMEWORK_PACKAGES.get(framework or "", ""))
+    adapter = get_adapter(framework) if framework in ADAPTER_MODULES else None
+    package = packages.get(adapter.package) if adapter is not None and adapter.package else None
     detected = _section(frame, "detected")
     framework_version: str | None
     if detected.get("found") and detected.get("found") != "unknown":
         framework_version = str(detected["found"])  # what the adapter found before launch
-    elif framework == "builtin":
+    elif adapter is not None and adapter.bundled:  # an env.json written before detection
         framework_version = f"llm-sweep {harness.get('version')}" if harness.get("version") else None
     else:
         framework_version = " @ ".join(v for v in (package, framework_sha) if v) or None

@@ -33,8 +33,9 @@ from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from sweep import catalog
 from sweep.early_stop import EarlyStop
+from sweep.frameworks import get_adapter
 from sweep.hardware import GpuSpec
-from sweep.layout import DTYPES, FRAMEWORK_ZERO_STAGES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
+from sweep.layout import DTYPES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
 from sweep.memory_profiles import RESERVED_BAND, Allocator, MemoryProfile, profile_with
 from sweep.model import ModelShape, shape_problems
 from sweep.units import GiB, MiB
@@ -438,7 +439,7 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
-        allowed = FRAMEWORK_ZERO_STAGES[self.framework]
+        allowed = get_adapter(self.framework).zero_stages
         if self.axes.zero_stage != "auto":
             bad = [z for z in self.axes.zero_stage if z not in allowed]
             if bad:
@@ -504,7 +505,7 @@ class Spec(_Strict):
     @property
     def zero_stages(self) -> tuple[int, ...]:
         if self.axes.zero_stage == "auto":
-            return FRAMEWORK_ZERO_STAGES[self.framework]
+            return get_adapter(self.framework).zero_stages
         return tuple(self.axes.zero_stage)
 
     @property

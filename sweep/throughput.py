@@ -107,10 +107,6 @@ FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", 
 LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
 MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
-# Bytes of one gradient element in the data-parallel reduction, per framework's default
-# (nanotron accumulates and reduces in fp32; Megatron reduces in bf16 unless asked otherwise;
-# FSDP2 mixed precision reduces in fp32).
-GRAD_REDUCE_BYTES: Final = {"nanotron": 4, "megatron": 2, "torchtitan": 4, "builtin": 4}
 
 
 @dataclass(frozen=True)
@@ -172,7 +168,7 @@ class Workload:
     gpu: GpuSpec
     dtype: str = "bf16"
     gpus_per_node: int = 8
-    grad_reduce_bytes: int = 4
+    grad_reduce_bytes: int = 4  # the framework adapter's (`FrameworkAdapter.grad_reduce_bytes`)
     bucket_bytes: float = 25e6
     flops_convention: str = DEFAULT_CONVENTION
     # A device without a catalogue peak (CPU runs) uses a nominal one; the fitted `compute`
@@ -549,5 +545,4 @@ def predict(frame: pd.DataFrame, work: Workload, coeffs: Coefficients = Coeffici
 
 
 __all__ = ["Coefficients", "FEATURES", "GPU_STREAM", "HOST_FLOOR", "Workload", "features",
-           "predict", "predict_step", "step_time", "tokens_per_step", "world_size",
-           "GRAD_REDUCE_BYTES"]
+           "predict", "predict_step", "step_time", "tokens_per_step", "world_size"]

@@ -89,6 +89,9 @@ BUILTIN: Final = Traffic(
 )
 
 
-def traffic_for(framework: str) -> Traffic:
-    """The built-in workload's counts, or the fused kernels' for the frameworks."""
-    return BUILTIN if framework == "builtin" else FUSED
+def traffic_for(kernels: str) -> Traffic:
+    """The counts of a framework's kernels (`FrameworkAdapter.kernels`): PyTorch's eager
+    operators, as the built-in workload runs them, or the frameworks' fused ones."""
+    if kernels not in ("fused", "eager"):
+        raise ValueError(f"unknown kernels {kernels!r}: 'fused' or 'eager'")
+    return BUILTIN if kernels == "eager" else FUSED

@@ -105,9 +105,15 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
                                 f"positive number of seconds; fix it in the spec and render again")
         timeouts[key] = float(value)
     steps = settings.get("steps")
-    expected = steps if run.framework == "builtin" and isinstance(steps, int) else None
+    # a run that writes its own metrics file stops itself at `steps` or early; the watchdog ends
+    # the others early when their log lines say the step time has settled
     try:
-        early_stop = EarlyStop.from_settings(settings) if run.framework != "builtin" else None
+        stops_itself = _writes_metrics_file(run.framework)
+    except ValueError as exc:
+        raise WatchdogError(f"{run_dir}/run.json: {exc}; render the run again") from None
+    expected = steps if stops_itself and isinstance(steps, int) else None
+    try:
+        early_stop = EarlyStop.from_settings(settings) if not stops_itself else None
     except ValueError as exc:
         raise WatchdogError(f"{run_dir}/run.json: {exc}; fix run.early_stop in the spec and "
                             f"render again") from None
@@ -138,9 +144,18 @@ def load_config(run_dir: Path, attempt_dir: Path, command: list[str],
         **overrides)
 
 
+def _writes_metrics_file(framework: str) -> bool:
+    """Whether the framework's runs write their own step records and stop themselves
+    (`FrameworkAdapter.writes_metrics_file`); imported here, not at the top, so that the
+    watchdog starts without the adapters' dependencies."""
+    from sweep.frameworks import get_adapter
+
+    return get_adapter(framework).writes_metrics_file
+
+
 def _step_matcher(framework: str) -> StepMatcher | None:
-    """Step lines of the framework's logs; the built-in workload is read from metrics.jsonl."""
-    if framework == "builtin":
+    """Step lines of the framework's logs; None where the run writes its own metrics file."""
+    if _writes_metrics_file(framework):
         return None
     from sweep.logs import get_parser
 

@@ -1,8 +1,9 @@
 """The framework adapters: one folder per framework, and the registry that names them.
 
 Adding a framework = adding `sweep/frameworks/<name>/` (an `ADAPTER`, a parser, a capability
-table) and `templates/launch/<name>.*.j2`, then listing it in `ADAPTER_MODULES`. Nothing else in
-llm-sweep names a framework.
+table) and `templates/launch/<name>.*.j2`, then listing it in `ADAPTER_MODULES`, in the spec's
+`sweep.layout.FRAMEWORKS`, and giving it a memory profile (`sweep.memory_profiles.PROFILES`).
+Nothing else in llm-sweep decides by a framework's name: it asks the adapter.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ An adapter is one folder, `sweep/frameworks/<name>/`, whose `__init__.py` export
 - the memory profile (`sweep.memory_profiles.PROFILES[<name>]`) and the FLOPs convention it logs;
 - the capability table (`capabilities.py`): each configuration the framework cannot run as
   labelled, as a vectorised rule with the framework's own reason and where in its source it is;
-- the versions it renders for, and how a job finds the version it is about to run.
+- the versions it renders for, and how a job finds the version it is about to run;
+- how its runs report (log lines, or the built-in workload's metrics.jsonl), which kernels it
+  runs (fused, or PyTorch's eager operators) and the byte width of its gradient reduction.
 
 The planner prunes what a capability rule rejects (`pruned:framework`, with the rule and the
 reason in `prune_detail`), so no run is ever rendered as something other than its label.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 
@@ -103,6 +105,19 @@ class FrameworkAdapter:
     shards_need_divisibility: bool = False  # tp must divide the FFN and the vocabulary (no padding)
     # 1F1B needs at least pp - offset micro-batches per step (Megatron and nanotron: pp - 1).
     one_f_one_b_microbatch_offset: int = 1
+    # True: the run writes its own step records and summary (sweep.state.METRICS_FILE) and stops
+    # itself after `run.steps` or early (sweep.workload); the watchdog and collect read that file.
+    # False: its log lines are the record (`parser`), and the watchdog ends it early
+    # (sweep.early_stop) when `run.early_stop` says so.
+    writes_metrics_file: bool = False
+    bundled: bool = False  # the framework is this llm-sweep installation: its version is ours
+    package: str = ""  # its Python distribution, when installed as one (sweep.provenance.PACKAGES)
+    # Which of sweep.traffic's byte counts its element-wise kernels move: the frameworks' fused
+    # kernels, or PyTorch's eager operators (counted on the built-in workload).
+    kernels: Literal["fused", "eager"] = "fused"
+    # Bytes of one gradient element in the data-parallel reduction, by the framework's default
+    # (sweep.throughput's gradient traffic).
+    grad_reduce_bytes: int = 4
 
     @property
     def memory_profile(self) -> MemoryProfile:

@@ -31,12 +31,11 @@ def detect(framework: str, framework_dir: str | None) -> DetectedVersion:
     from sweep.frameworks import get_adapter
 
     adapter = get_adapter(framework)
-    try:
-        module = importlib.import_module(f"sweep.frameworks.{framework}.version")
-    except ModuleNotFoundError:
+    if adapter.bundled:
         import sweep
 
         return DetectedVersion(found=f"llm-sweep {sweep.__version__}", key=adapter.default_version)
+    module = importlib.import_module(f"sweep.frameworks.{framework}.version")
     try:
         detected: DetectedVersion = module.detect(framework_dir)
     except Exception as error:  # noqa: BLE001 - detection must never take a job down by itself

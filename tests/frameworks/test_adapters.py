@@ -7,7 +7,7 @@ import pytest
 
 from sweep.frameworks import ADAPTER_MODULES, all_adapters, get_adapter
 from sweep.frameworks.base import CapabilityContext
-from sweep.layout import FRAMEWORK_ZERO_STAGES, FRAMEWORKS
+from sweep.layout import FRAMEWORKS, ZERO_STAGES
 from sweep.logs.base import LogParser
 from sweep.model import ModelShape
 
@@ -27,10 +27,31 @@ def test_an_adapter_names_its_parser_versions_and_zero_stages(name: str) -> None
     assert isinstance(adapter.parser(), LogParser)
     assert adapter.parser().framework == name
     assert adapter.version(None).key == adapter.default_version
-    assert adapter.zero_stages == FRAMEWORK_ZERO_STAGES[name]
+    assert adapter.zero_stages[0] == 0 and set(adapter.zero_stages) <= set(ZERO_STAGES)
     assert len({v.key for v in adapter.versions}) == len(adapter.versions)
     with pytest.raises(ValueError, match="no supported version"):
         adapter.version("no-such-version")
+
+
+@pytest.mark.parametrize("name", ADAPTER_MODULES)
+def test_an_adapter_says_how_its_runs_report_and_where_its_version_comes_from(name: str) -> None:
+    """What the watchdog, collect, provenance and the throughput model ask of a framework, the
+    adapter answers: no module outside sweep/frameworks/ names one."""
+    import importlib.util
+
+    from sweep.provenance import PACKAGES
+    from sweep.traffic import traffic_for
+
+    adapter = get_adapter(name)
+    version_module = importlib.util.find_spec(f"sweep.frameworks.{name}.version")
+    # a framework of its own checkout is found by its version module; the bundled one is ours
+    assert adapter.bundled == (version_module is None) == (adapter.entry_point == "")
+    assert adapter.package in ("", *PACKAGES)  # env.json records the package's version
+    assert adapter.bundled or adapter.package
+    # only our own workload writes metrics.jsonl; a framework's step records are its log lines
+    assert adapter.writes_metrics_file == adapter.bundled
+    assert traffic_for(adapter.kernels).name in ("fused", "builtin")
+    assert adapter.grad_reduce_bytes in (2, 4)
 
 
 @pytest.mark.parametrize("name", ADAPTER_MODULES)

@@ -28,4 +28,8 @@ ADAPTER = FrameworkAdapter(
     expert_parallel=False,
     shards_need_divisibility=True,  # the FFN and the vocabulary are sharded without padding
     one_f_one_b_microbatch_offset=0,  # torch's Schedule1F1B needs grad_acc >= pp
+    writes_metrics_file=True,
+    bundled=True,
+    kernels="eager",
+    grad_reduce_bytes=4,  # fp32 weights and gradients (autocast computes in bf16)
 )

@@ -31,7 +31,9 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 1),
     entry_point="pretrain_gpt.py",
     checkout_env="MEGATRON_DIR",
+    package="megatron-core",
     pipeline_fits=pipeline_fits,
+    grad_reduce_bytes=2,  # reduces in bf16 unless --accumulate-allreduce-grads-in-fp32
     notes=(
         ("Every run needs Transformer Engine: launch/megatron.args names --transformer-impl "
          "transformer_engine (Megatron's default); fp8 (--fp8-format hybrid) also needs a GPU of "

@@ -52,7 +52,9 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 1),
     entry_point="run_train.py",
     checkout_env="NANOTRON_DIR",
+    package="nanotron",
     pipeline_fits=pipeline_fits,
+    grad_reduce_bytes=4,  # accumulates and reduces gradients in fp32
     notes=(
         "nanotron counts the embedding and the LM head as pipeline blocks "
         "(sweep.memory.stage_block_counts replays its assignment)",

@@ -38,7 +38,9 @@ ADAPTER = FrameworkAdapter(
     zero_stages=(0, 2, 3),
     entry_point="torchtitan/train.py",
     checkout_env="TORCHTITAN_DIR",
+    package="torchtitan",
     pipeline_fits=pipeline_fits,
+    grad_reduce_bytes=4,  # FSDP2's mixed precision reduces in fp32 (mixed_precision_reduce)
     notes=(
         "torchtitan 0.3.0 and main since 9810191bb (2026-02-23) configure runs with Python "
         "config registries (--module/--config); llm-sweep renders the 0.2 JobConfig only and "
