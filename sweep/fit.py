@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -47,7 +47,7 @@ import pandas as pd
 from sweep import memcheck, memory, space
 from sweep.memory_profiles import Allocator, MemoryProfile
 from sweep.model import ModelShape
-from sweep.spec import Spec
+from sweep.spec import ALLOCATOR_SHARE_MAX, FLOOR_MIB_MAX, Spec
 from sweep.units import MiB
 
 MIN_SUCCESS_KEPT: Final = 0.99
@@ -111,6 +111,33 @@ def _steps(start: float, stop: float, step: float) -> tuple[float, ...]:
 # edge (the 1B-out fold of the charts table takes logits 0.8; the full table alone, sequential 0.3).
 GRID: Final = Grid(sequential=_steps(0.0, 0.50, 0.025), pipelined=_steps(0.0, 1.0, 0.05),
                    logits=_steps(0.0, 1.0, 0.05), floor_mib=tuple(range(0, 1025, 64)))
+# A fit that lands on an axis's largest value has not found its optimum, only the grid's edge:
+# `fit_basis` then widens that axis (another span of its values, at its step) and fits again, up
+# to this many times and to the limits a spec accepts. Another cluster's stack can reserve more
+# than the playbook's (our H200 runs: a floor past 1 GiB).
+MAX_WIDENINGS: Final = 4
+AXIS_LIMITS: Final = {"sequential": ALLOCATOR_SHARE_MAX, "pipelined": ALLOCATOR_SHARE_MAX,
+                      "logits": ALLOCATOR_SHARE_MAX, "floor_mib": FLOOR_MIB_MAX}
+
+
+def widened(grid: Grid, at_edge: Iterable[str], base: Grid = GRID) -> Grid | None:
+    """`grid` with each named axis extended, at its own step, by as many values as `base`'s
+    axis spans (so each widening costs the same), within `AXIS_LIMITS`; None when none of them
+    can grow."""
+    axes = asdict(grid)
+    grown = False
+    for name in at_edge:
+        values = axes[name]
+        if len(values) < 2:
+            continue  # one value: the caller fixed it
+        step = values[1] - values[0]
+        more = [values[-1] + i * step for i in range(1, len(getattr(base, name)))]
+        more = [v for v in more if v <= AXIS_LIMITS[name] + 1e-9]
+        if more:
+            kind = int if name == "floor_mib" else (lambda v: round(v, 6))
+            axes[name] = tuple(values) + tuple(kind(v) for v in more)
+            grown = True
+    return Grid(**axes) if grown else None
 
 
 @dataclass(frozen=True)
@@ -129,14 +156,29 @@ class AllocatorFit:
     allocator: Allocator
     figures: Figures  # at the chosen point, on the rows fitted (the fast path)
     rows: int  # successful runs with a measured reserved peak
-    points: int  # grid points evaluated
+    points: int  # grid points evaluated (on the last grid, `grid`)
     feasible_points: int  # of them, how many meet the constraints
     gates_met: bool = True  # False: no point met them; the closest was taken (`fit_basis`)
+    grid: Grid = field(default_factory=lambda: GRID)  # the grid searched last (widened or not)
+    widened: tuple[str, ...] = ()  # the axes `fit_basis` widened, in order, once per widening
+
+    def at_edge(self) -> dict[str, float]:
+        """The constants that lie on their axis's largest value of the grid searched: the
+        objective's optimum may lie beyond. An axis of one value was not searched: never."""
+        a = self.allocator
+        values = {"sequential": a.sequential, "pipelined": a.pipelined, "logits": a.logits,
+                  "floor_mib": round(a.floor_bytes / MiB)}
+        return {name: value for name, value in values.items()
+                if len(axis := getattr(self.grid, name)) > 1 and value >= axis[-1]}
 
     def to_dict(self) -> dict[str, Any]:
+        """As a record; the grid and its widenings only where the fit widened it (a fit inside
+        sweep.fit.GRID records what it recorded before widening existed)."""
+        widened = {"grid": self.grid.describe(), "widened": list(self.widened)} \
+            if self.widened else {}
         return {"allocator": asdict(self.allocator), "figures": asdict(self.figures),
                 "rows": self.rows, "points": self.points, "feasible_points": self.feasible_points,
-                "gates_met": self.gates_met}
+                "gates_met": self.gates_met, **widened}
 
 
 # The linear basis ---------------------------------------------------------------------------------
@@ -289,7 +331,7 @@ def _gate_shortfall(b: Basis, points: np.ndarray, must_fit: Basis | None) -> np.
 
 
 def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
-              chunk: int = 2048) -> AllocatorFit:
+              chunk: int = 2048, widen: bool = True) -> AllocatorFit:
     """The grid point `OBJECTIVE` picks, on the runs of a basis; every configuration of
     `must_fit` (published runs that ran) must be predicted to fit.
 
@@ -297,7 +339,24 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
     framework that reserves differently), the fit does not fail: it takes the points closest to
     the gates (`_gate_shortfall`), the smallest error among them, and says so (`gates_met`). A
     user's own table, or a fold of leave-one-model-out, still gets constants and figures. A table
-    with no successful run whose reserved peak was measured has nothing to fit: an error."""
+    with no successful run whose reserved peak was measured has nothing to fit: an error.
+
+    With `widen`, a point on an axis's largest value is not taken as the answer: the axis is
+    widened (`widened`) and the fit runs again on the wider grid, up to `MAX_WIDENINGS` times.
+    A fit whose point is inside the grid is the same with and without."""
+    fitted = _fit_on_grid(b, grid, must_fit, chunk)
+    for _ in range(MAX_WIDENINGS if widen else 0):
+        wider = widened(fitted.grid, fitted.at_edge(), base=grid)
+        if wider is None:
+            break
+        grown = tuple(name for name in asdict(wider)
+                      if getattr(wider, name) != getattr(fitted.grid, name))
+        fitted = replace(_fit_on_grid(b, wider, must_fit, chunk), widened=fitted.widened + grown)
+    return fitted
+
+
+def _fit_on_grid(b: Basis, grid: Grid, must_fit: Basis | None, chunk: int) -> AllocatorFit:
+    """`fit_basis` on one grid."""
     if not _scored(b).any():
         models = ", ".join(sorted({str(m) for m in b.model})) or "no model"
         raise ValueError(f"no successful run of {models} has a measured reserved peak (on a GPU): "
@@ -331,7 +390,7 @@ def fit_basis(b: Basis, grid: Grid = GRID, must_fit: Basis | None = None,
                       float(err_mean[0]), float(err_median[0]), float(err_p90[0]))
     return AllocatorFit(Allocator(float(s), float(p), float(lg), int(round(floor))), figures,
                         int(_scored(b).sum()), len(points), len(index) if gates_met else 0,
-                        gates_met)
+                        gates_met, grid)
 
 
 def fit_allocator(runs: memcheck.Runs, spec: Spec, grid: Grid = GRID,

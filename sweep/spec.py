@@ -174,6 +174,7 @@ def _without_unset(data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 ALLOCATOR_SHARE_MAX = 4.0  # a share of 4 reserves four times the bytes it follows: past any fit
+FLOOR_MIB_MAX = 64 * 1024  # a floor of 64 GiB beyond live tensors: past any GPU's stack
 BAND_HIGH_MAX = 4.0  # predicted five times the measured peak: no model worth planning with
 
 
@@ -185,7 +186,7 @@ class AllocatorConstants(_Strict):
     sequential: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
     pipelined: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
     logits: Annotated[float, Field(ge=0.0, le=ALLOCATOR_SHARE_MAX)]
-    floor_mib: Annotated[int, Field(ge=0, le=64 * 1024)]
+    floor_mib: Annotated[int, Field(ge=0, le=FLOOR_MIB_MAX)]
     # How far off these constants are on a model they were not fitted on: the 5th and 95th
     # percentiles of predicted / measured - 1 of the reserved peak, leave one model out (`sweep
     # memory-check --write-constants --cv model` writes it). The memory rule's probes use it

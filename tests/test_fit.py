@@ -321,3 +321,43 @@ def test_a_table_with_no_measured_success_has_nothing_to_fit() -> None:
                            b.outcome, np.full(3, np.nan), b.model)
     with pytest.raises(ValueError, match="no successful run of m has a measured reserved peak"):
         fit.fit_basis(unmeasured, fit.GRID)
+
+
+def _one_success_that_reserves_three_quarters_of_its_transients() -> fit.Basis:
+    """One run under a budget nothing reaches: 50 bytes live, 40 transient, 80 reserved. The
+    objective's optimum is sequential 0.75 (50 + 40 s = 80)."""
+    frag = np.zeros((2, 3, 1))
+    frag[:, 0] = [40.0]
+    total0 = np.full((2, 1), 50.0)
+    return fit.Basis(np.ones(1, bool), np.ones(1, bool), np.ones(1, bool), total0.copy(), total0,
+                     frag, 1e9, np.array(["success"]), np.array([80.0]), np.array(["m"]))
+
+
+def test_a_fit_on_the_grids_edge_widens_the_grid_until_it_is_inside() -> None:
+    """The grid's largest value is where the search stopped, not an answer: on another cluster's
+    stack the reserve can be larger than any playbook run's (our H200's floor: past 1 GiB)."""
+    grid = fit.Grid(sequential=(0.0, 0.25, 0.5), pipelined=(0.0,), logits=(0.0,), floor_mib=(0,))
+    b = _one_success_that_reserves_three_quarters_of_its_transients()
+    stopped = fit.fit_basis(b, grid, widen=False)
+    assert stopped.allocator.sequential == 0.5 and stopped.at_edge() == {"sequential": 0.5}
+    wide = fit.fit_basis(b, grid)
+    assert wide.allocator.sequential == 0.75 and wide.at_edge() == {}
+    assert wide.grid.sequential == (0.0, 0.25, 0.5, 0.75, 1.0) and wide.widened == ("sequential",)
+    assert wide.figures.reserved_median_abs_rel_err == 0.0
+    # a point inside the grid is the answer: no widening
+    inside = fit.fit_basis(b, fit.Grid(sequential=(0.0, 0.75, 1.0), pipelined=(0.0,),
+                                       logits=(0.0,), floor_mib=(0,)))
+    assert inside.widened == () and inside.allocator.sequential == 0.75
+
+
+def test_widening_stops_at_the_limits_a_spec_accepts() -> None:
+    from sweep.spec import ALLOCATOR_SHARE_MAX, FLOOR_MIB_MAX
+
+    grid = fit.Grid(sequential=(3.0, 3.5, 4.0), pipelined=(0.0, 1.0), logits=(0.0,),
+                    floor_mib=(FLOOR_MIB_MAX - 1024, FLOOR_MIB_MAX - 512))
+    assert fit.widened(grid, ["sequential"], base=grid) is None  # at the limit already
+    wider = fit.widened(grid, ["floor_mib", "pipelined"], base=grid)
+    assert wider is not None
+    assert wider.floor_mib == (FLOOR_MIB_MAX - 1024, FLOOR_MIB_MAX - 512, FLOOR_MIB_MAX)
+    assert wider.pipelined == (0.0, 1.0, 2.0) and wider.pipelined[-1] <= ALLOCATOR_SHARE_MAX
+    assert wider.sequential == grid.sequential

@@ -219,13 +219,10 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
     else:
         notes.append("# no band: the probes use the shipped constants' left-out band; with runs of "
                      "two models or more, `--cv model` measures these constants' own")
-    at_edge = [f"{name} {value:g}" for name, value, top in (
-        ("sequential", a.sequential, fit.GRID.sequential[-1]),
-        ("pipelined", a.pipelined, fit.GRID.pipelined[-1]),
-        ("logits", a.logits, fit.GRID.logits[-1]),
-        ("floor_mib", floor_mib, fit.GRID.floor_mib[-1])) if value >= top]
+    at_edge = [f"{name} {value:g}" for name, value in fitted.at_edge().items()]
     if at_edge:
-        notes.append(f"# at the grid's largest value: {', '.join(at_edge)}; the best fit may lie "
+        notes.append(f"# at the grid's largest value: {', '.join(at_edge)}, after widening it as "
+                     "far as a spec allows or sweep.fit.MAX_WIDENINGS times; the best fit may lie "
                      "beyond it, so these constants may still under-predict the reserve")
     if len(versions) > 1:
         notes.append(f"# the runs span framework versions {', '.join(versions)}: the allocator's "
@@ -235,7 +232,8 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         f"#   sweep memory-check {source} --spec {spec_path} --write-constants ...",
         f"# runs: {source} (sha256 {sha256}, {runs_format} format), {fitted.rows} successful "
         f"run(s) with a measured reserved peak; framework {spec.framework}, GPU {spec.gpu}",
-        f"# fit: {fitted.points} grid points (sweep.fit.GRID), objective sweep.fit.OBJECTIVE "
+        f"# fit: {fitted.points} grid points ({_grid_source(fitted)}), objective "
+        "sweep.fit.OBJECTIVE "
         "without the published llm-foundry constraint; gates (keep "
         f"{fit.MIN_SUCCESS_KEPT:.0%} of successes, prune {fit.MIN_OOM_PRUNED:.0%} of OOMs) met: "
         f"{gates}",
@@ -252,6 +250,17 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         f"  allocator: {{sequential: {a.sequential!r}, pipelined: {a.pipelined!r}, "
         f"logits: {a.logits!r}, floor_mib: {floor_mib}{band}}}",
         ""])
+
+
+def _grid_source(fitted: fit.AllocatorFit) -> str:
+    """sweep.fit.GRID, and which axes the fit widened because it reached their largest value."""
+    if not fitted.widened:
+        return "sweep.fit.GRID"
+    axes = {name: fitted.widened.count(name) for name in dict.fromkeys(fitted.widened)}
+    described = fitted.grid.describe()
+    wider = ", ".join(f"{name} to {described[name]['last']:g} ({times} widening"
+                      f"{'s' if times > 1 else ''})" for name, times in axes.items())
+    return f"sweep.fit.GRID widened where the fit reached its largest value: {wider}"
 
 
 BLOOM_ROWS: Final = (
