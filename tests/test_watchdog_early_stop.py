@@ -158,3 +158,13 @@ def test_the_builtin_workload_stops_itself_and_a_bad_rule_is_a_clear_error(tmp_p
     done = bad.supervise(["true"])
     assert done.returncode == 2
     assert "settings.early_stop.max_cv: Field required" in done.stderr
+
+
+def test_a_run_file_that_names_no_known_framework_is_a_clear_error(tmp_path: Path) -> None:
+    """The adapter says whether a run stops itself; a run.json whose framework no adapter knows
+    (edited by hand, or from a newer llm-sweep) is refused by name before anything launches."""
+    unknown = Run(tmp_path / "u", framework="deepspeed")
+    done = unknown.supervise(["true"])
+    assert done.returncode == 2
+    assert "run.json: unknown framework 'deepspeed'" in done.stderr
+    assert "render the run again" in done.stderr
