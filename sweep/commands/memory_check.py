@@ -65,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
         runs = memcheck.read_memory_runs(args.runs, spec)
     except memcheck.RunsFileError as error:
         raise UserError(str(error)) from None
+    models = sorted(map(str, runs.frame["model"].unique()))
+    if args.cv == "model" and len(models) < 2:  # refused before anything is fitted or written
+        raise UserError(f"{args.runs}: --cv model leaves one model out at a time and needs runs "
+                        f"of two models or more; these are all of {', '.join(models) or 'none'}"
+                        + ("; without --cv model, --write-constants writes constants with no band "
+                           "of their own" if args.write_constants is not None else ""))
     alone = _write_constants(args, runs, spec) if args.write_constants is not None else None
     if args.cv == "model":
         return _cross_validate(args, runs, spec, alone)
@@ -167,7 +173,7 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
         raise UserError(f"{args.runs}: {error}; --write-constants needs runs that measured "
                         "their reserved peak on a GPU") from None
     left_out = None
-    if args.cv == "model" and runs.frame["model"].nunique() > 1:
+    if args.cv == "model":
         # the same procedure, one model left out each time: how such constants hold on a new model
         left_out = fit.cross_validate(runs, spec)
     versions = (sorted(runs.frame["framework_version"].dropna().astype(str).unique())

@@ -130,3 +130,17 @@ def test_with_cv_the_constants_carry_their_left_out_band_and_the_plan_probes_by_
     capsys.readouterr()
     assert main(["plan", str(own), "--out", str(tmp_path / "plan")]) == 0
     assert f"their band {low:+.1%} .. {high:+.1%} (left out)" in capsys.readouterr().out
+
+
+def test_cv_on_runs_of_one_model_is_refused_before_anything_is_written(
+        measured: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs, spec = measured
+    frame = pd.read_csv(runs)
+    frame[frame["model"] == "llama-3.2-1b"].to_csv(runs, index=False)
+    out = tmp_path / "constants.yaml"
+    assert main(["memory-check", str(runs), "--spec", str(spec), "--write-constants", str(out),
+                 "--cv", "model"]) == 2
+    err = capsys.readouterr().err
+    assert "needs runs of two models or more; these are all of llama-3.2-1b" in err
+    assert "without --cv model, --write-constants writes constants with no band" in err
+    assert not out.exists()
