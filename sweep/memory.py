@@ -327,6 +327,10 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
 
     # gradients that do not exist yet at the activation peak (made in the backward that follows)
     grads_later = np.where(prof.grads_freed_each_step & (f64["grad_acc"] == 1), 1.0, 0.0)
+    # FSDP whose reduce-scatter waits for the step's last micro-batch: whole gradients until then
+    under_pipeline = (pp > 1) & prof.pipeline_defers_fsdp_reduction
+    deferred = (zero >= 2) & (under_pipeline | ((f64["grad_acc"] > 1)
+                                                & prof.grad_acc_defers_fsdp_reduction))
 
     def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
         def sharded(bytes_pp, from_stage):
@@ -334,14 +338,18 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
             return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
         weights = sharded(w_b, prof.weights_shard_from_zero)
         param_grads = sharded(g_b, 2)
-        grads = param_grads * (1.0 - grads_later) + bucket_b * (p_dense + p_expert)
+        unsharded_grads = prof.fsdp_accumulated_grad_bytes * (p_dense + p_expert)
+        grads = np.where(deferred, unsharded_grads,
+                         param_grads * (1.0 - grads_later) + bucket_b * (p_dense + p_expert))
         optim = sharded(o_b, 1)
         gather = np.where((zero >= 1) & (n_dense > 1),
                           prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
         # what the optimizer step needs beyond the activation peak's state: the gradients made after
-        # it, the ZeRO-1 all-gather and the optimizer's own temporaries
+        # it (deferred: the sharded ones, the whole ones freed by then), the ZeRO-1 all-gather and
+        # the optimizer's own temporaries
         temporaries = sharded(prof.optimizer_step_temp_bytes, 1)
-        return weights, grads, optim, gather + param_grads * grads_later + temporaries
+        later = np.where(deferred, param_grads - unsharded_grads, param_grads * grads_later)
+        return weights, grads, optim, gather + later + temporaries
 
     recomputed = _one_layer_at_a_time(masks, prof)
     act_first, act_last, logits_first, logits, first_mb, last_mb, working = _activations(
@@ -362,8 +370,9 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         layer_params = (dense_per_layer + expert_per_layer / ep) / tp
         fsdp = 0.0
         if prof.fsdp_unsharded_layers:
+            every_layer = (zero == 2) | ((zero >= 3) & under_pipeline)
             fsdp = prof.fsdp_gathered_bytes * np.where(
-                zero == 2, p_dense + p_expert,
+                every_layer, p_dense + p_expert,
                 np.where(zero >= 3, prof.fsdp_unsharded_layers * layer_params, 0.0))
         # autocast's weight casts: its cache holds every one until its region exits, at the end of
         # the forward and loss (the built-in pipeline's region spans its schedule, backward too).

@@ -95,6 +95,16 @@ class MemoryProfile:
     # forward to backward; ZeRO-3 gathers this many layers at a time (current + prefetch)
     fsdp_unsharded_layers: int = 0
     fsdp_gathered_bytes: float = 2.0  # bytes per parameter of that gathered copy (bf16 param_dtype)
+    # FSDP2 whose gradient reduce-scatter is deferred to a step's last micro-batch
+    # (`set_requires_gradient_sync(False)`) keeps each parameter's whole, unsharded gradient until
+    # then, in the reduce dtype where one is set (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    # `to_accumulated_grad_if_needed`, torch 2.13), not 1/(dp·cp) of it. torch.distributed.
+    # pipelining defers it for every micro-batch of a schedule, and keeps the parameters gathered
+    # after each backward too (stage.py `backward_maybe_with_nosync`: `set_reshard_after_backward(
+    # False)`), so under pp > 1 a stage holds its whole gathered copy at ZeRO-3 as at ZeRO-2.
+    pipeline_defers_fsdp_reduction: bool = False  # the framework pipelines with torch's schedules
+    grad_acc_defers_fsdp_reduction: bool = False  # its own gradient accumulation defers it too
+    fsdp_accumulated_grad_bytes: float = 4.0  # bytes per parameter of that unsharded gradient
     autocast_weight_bytes: float = 0.0  # torch.autocast's bf16 weight casts, saved for backward
     # --- pipeline ---
     stage_split: str = "even"  # how layers go to pipeline stages: sweep.memory.split_stages
@@ -167,11 +177,16 @@ TORCHTITAN: Final = MemoryProfile(
     name="torchtitan",
     description=(
         "torchtitan FSDP2: fp32 sharded params are the master copy, fp32 grads (reduce_dtype fp32), "
-        "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2); PP split "
-        "with the embedding and the output counted as a layer each"),
+        "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2); under PP "
+        "whole fp32 gradients until the last micro-batch; PP split with the embedding and the "
+        "output counted as a layer each"),
     weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
     optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
     stage_split="embedding_blocks",
+    # pipeline runs use torch.distributed.pipelining's schedules (torchtitan/distributed/
+    # pipeline_parallel.py); its own gradient accumulation reduce-scatters every micro-batch
+    # (train.py `train_step` calls plain backward per micro-batch, v0.2.2); reduce dtype fp32
+    pipeline_defers_fsdp_reduction=True, fsdp_accumulated_grad_bytes=4.0,
     # selective_ac_option "op" (torchtitan v0.2.0-v0.2.2, torchtitan/distributed/
     # activation_checkpoint.py `_apply_op_sac`: "Saves output of all compute ops, except every
     # second mm"), counted per layer in the order the Llama block calls them: wq, wk, wv, wo, w1,
@@ -189,10 +204,15 @@ BUILTIN: Final = MemoryProfile(
     description=(
         "the built-in workload (sweep.workload): fp32 params and grads under torch.autocast (bf16 "
         "weight casts saved for backward, fp32 residual stream); ZeRO 0 = DDP, 1 = "
-        "ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 without a mixed-precision policy (fp32 gathers)"),
+        "ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 without a mixed-precision policy (fp32 gathers; "
+        "whole fp32 gradients while it accumulates micro-batches)"),
     weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
     optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
     fsdp_gathered_bytes=4.0, autocast_weight_bytes=2.0, residual_bytes=4.0, stage_split="even",
+    # sweep.workload.parallel.DataParallel.accumulate defers FSDP's reduction to the last
+    # micro-batch, and its pipelines run torch's schedules; fp32 parameters, no reduce dtype
+    pipeline_defers_fsdp_reduction=True, grad_acc_defers_fsdp_reduction=True,
+    fsdp_accumulated_grad_bytes=4.0,
     # Counted from what sweep.workload.model saves (tests/workload/test_saved_activations.py
     # measures it): RMSNorm keeps its fp32 input and its fp32 output (the `* weight` saves it);
     # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to

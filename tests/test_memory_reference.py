@@ -293,3 +293,59 @@ def test_torchtitans_own_8b_fsdp_benchmark_reserves_what_the_torchtitan_profile_
         low, high = reserved_interval(est.reserved_bytes)
         assert float(low) <= measured <= float(high), (r.num_gpus, est.reserved_bytes / GiB)
         assert abs(est.reserved_bytes / measured - 1.0) <= 0.10, (r.num_gpus, est.reserved_bytes / GiB)
+
+
+TORCHTITAN_MODELS = {"Llama 3.1 8B": "llama-3.1-8b", "Llama 3.1 70B": "llama-3.1-70b",
+                     "Llama 3.1 405B": "llama-3.1-405b"}
+
+
+def torchtitan_layout(r: pd.Series) -> Layout:
+    """A row of torchtitan's December 2024 benchmark as the layout torchtitan 9dec370 ran.
+
+    Without `pipeline_parallel_microbatches` a schedule runs one micro-batch per stage of the
+    whole pipeline (experimental/pipelining_utils.py `build_pipeline_schedule`: `n_microbatches
+    = num_total_stages`), and without split points an interleaved schedule puts two stages on
+    each rank (`generate_split_points`: `num_stages_per_rank = 2`); FSDP keeps the gathered
+    parameters between forward and backward under PP (ZeRO-2) and reshards them without
+    (ZeRO-3)."""
+    pp = int(r["pp"])
+    recompute = "selective" if r["activation_checkpointing"] == "selective" else "full"
+    common = dict(dp=int(r["fsdp"]), tp=int(r["tp"]), cp=int(r["cp"]), recompute=recompute,
+                  sp=int(r["tp"]) > 1)
+    if pp == 1:
+        return Layout(pp=1, mbs=int(r["local_batch_size"]), grad_acc=1, zero_stage=3, **common)
+    vpp = 2 if str(r["pp_schedule"]).startswith("Interleaved") else 1
+    return Layout(pp=pp, vpp=vpp, mbs=int(r["local_batch_size"]) // (pp * vpp),
+                  grad_acc=pp * vpp, zero_stage=2, **common,
+                  pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
+
+
+def test_torchtitans_compiled_float8_runs_up_to_405b_lie_in_the_band(refdata):
+    """Every run of torchtitan's December 2024 H100 benchmark that logged its memory, up to
+    Llama 3.1 405B on 512 GPUs with FSDP, TP, PP and CP: none was fitted on, and each measured
+    peak (the maximum over the GPUs) lies in the band's interval of the torchtitan profile's
+    reserved peak. torch.compile, Float8 and AsyncTP are not modelled (on the 8B they move the
+    peak by under 7 %, Tables 1 and 3). The pipelined 405B runs hold one mechanism the profile
+    must count: torch.distributed.pipelining defers FSDP's reduce-scatter to the last
+    micro-batch, so each stage holds its whole fp32 gradients (about 24 GiB there); without it
+    they are predicted 35-44 % under what they measured, outside the band."""
+    from dataclasses import replace
+
+    from sweep.memory_profiles import TORCHTITAN
+
+    frame = pd.read_csv(refdata / "torchtitan_benchmarks.csv")
+    frame = frame[frame["memory_GiB"].notna() & frame["fsdp"].notna()]
+    assert len(frame) == 18 and set(frame["model"]) == set(TORCHTITAN_MODELS)
+    reducing_every_micro_batch = replace(TORCHTITAN, pipeline_defers_fsdp_reduction=False)
+    for _, r in frame.iterrows():
+        model = get_model(TORCHTITAN_MODELS[r["model"]])
+        layout = torchtitan_layout(r)
+        seq = int(r["seq_len"]) if pd.notna(r["seq_len"]) else 8192  # the default training.seq_len
+        measured = float(r["memory_GiB"]) * GiB
+        est = estimate(model, layout, seq_len=seq, profile="torchtitan")
+        low, high = reserved_interval(est.reserved_bytes)
+        assert float(low) <= measured <= float(high), (r["table"], r["techniques"], seq,
+                                                       est.reserved_bytes / GiB, r["memory_GiB"])
+        if layout.pp > 1:
+            without = estimate(model, layout, seq_len=seq, profile=reducing_every_micro_batch)
+            assert measured > float(reserved_interval(without.reserved_bytes)[1]), r["table"]

@@ -47,7 +47,8 @@ GRADIENT_LAYOUTS: dict[str, dict[str, Any]] = {
     "grad-gqa-tied-tp-sp": {"model": "tiny-gqa-4l", "tp": 2, "sp": True},
     "grad-gqa-tied-fsdp2-zero2": {"model": "tiny-gqa-4l", "dp": 2, "zero_stage": 2},
 }
-MEMTRACK_LAYOUTS = ("ddp", "fsdp2-zero3", "ddp-recompute_selective", "ddp-recompute_full")
+MEMTRACK_LAYOUTS = ("ddp", "fsdp2-zero3", "fsdp2-zero3-grad_acc2", "ddp-recompute_selective",
+                    "ddp-recompute_full")
 NEGATIVE_CONTROL = "ddp-UNSYNCED"  # DDP that never reduces gradients: must NOT match
 FOUR_RANK_LAYOUTS: dict[str, dict[str, Any]] = {
     "dp2xtp2": {"dp": 2, "tp": 2, "zero_stage": 3},

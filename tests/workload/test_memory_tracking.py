@@ -27,6 +27,27 @@ def test_zero3_lowers_weight_and_optimizer_memory(two_rank: dict[str, LayoutRun]
     assert zero3["Gradient"] < 0.6 * ddp["Gradient"]
 
 
+def test_fsdp_holds_whole_gradients_while_it_defers_the_reduction(
+        two_rank: dict[str, LayoutRun]) -> None:
+    """With two micro-batches the workload skips FSDP2's reduce-scatter on the first
+    (`set_requires_gradient_sync(False)`), and FSDP2 keeps every parameter's whole fp32 gradient
+    until the last one reduces it: 4 bytes per parameter of the model, not of its shard. The
+    memory model counts the same (`MemoryProfile.grad_acc_defers_fsdp_reduction`)."""
+    from sweep.catalog import get_model
+    from sweep.layout import Layout
+    from sweep.memory import estimate
+    from sweep.model import count_parameters
+
+    whole = 4 * count_parameters(get_model("tiny-4l")).total
+    one, accumulating = peaks(two_rank["fsdp2-zero3"]), peaks(two_rank["fsdp2-zero3-grad_acc2"])
+    assert accumulating["Gradient"] == pytest.approx(whole, rel=1e-3)
+    assert one["Gradient"] < 0.6 * whole  # one micro-batch: reduced, sharded
+    predicted = estimate(get_model("tiny-4l"), Layout(dp=2, tp=1, pp=1, mbs=1, grad_acc=2,
+                                                      zero_stage=3), seq_len=64, dtype="fp32",
+                         profile="builtin")
+    assert predicted.components["gradients"] == whole
+
+
 def test_recomputation_lowers_activation_memory(two_rank: dict[str, LayoutRun]) -> None:
     none = peaks(two_rank["ddp"])["activations_after_forward"]
     selective = peaks(two_rank["ddp-recompute_selective"])["activations_after_forward"]
