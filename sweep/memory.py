@@ -370,10 +370,13 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         layer_params = (dense_per_layer + expert_per_layer / ep) / tp
         fsdp = 0.0
         if prof.fsdp_unsharded_layers:
-            every_layer = (zero == 2) | ((zero >= 3) & under_pipeline)
-            fsdp = prof.fsdp_gathered_bytes * np.where(
-                every_layer, p_dense + p_expert,
-                np.where(zero >= 3, prof.fsdp_unsharded_layers * layer_params, 0.0))
+            gathered = prof.fsdp_gathered_bytes * (p_dense + p_expert)
+            a_few = prof.fsdp_gathered_bytes * prof.fsdp_unsharded_layers * layer_params
+            # ZeRO-3 under a schedule: each forward reshards, each backward leaves every layer
+            # gathered, beside all but one micro-batch's activations (the later of two peaks)
+            after_backward = np.maximum(a_few, gathered - act / in_flight)
+            fsdp = np.where(zero == 2, gathered,
+                            np.where(zero >= 3, np.where(under_pipeline, after_backward, a_few), 0.0))
         # autocast's weight casts: its cache holds every one until its region exits, at the end of
         # the forward and loss (the built-in pipeline's region spans its schedule, backward too).
         # A layer that is not recomputed saves its casts for backward anyway; a recomputed one

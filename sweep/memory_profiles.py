@@ -101,9 +101,8 @@ class MemoryProfile:
     # `to_accumulated_grad_if_needed`, torch 2.13), not 1/(dp·cp) of it. torch.distributed.
     # pipelining defers it for every micro-batch of a schedule, and keeps the parameters gathered
     # after each backward too (stage.py `backward_maybe_with_nosync`: `set_reshard_after_backward(
-    # False)`), so under pp > 1 a stage holds its whole gathered copy at ZeRO-3 as at ZeRO-2 (at
-    # the end of a backward, beside all but one micro-batch's activations: counted beside all of
-    # them, an over-count by at most one micro-batch's activations; no published run measures it).
+    # False)`), so under pp > 1 a stage holds its whole gathered copy at ZeRO-3 too, at the end of
+    # each backward, beside all but one micro-batch's activations (no published run measures it).
     pipeline_defers_fsdp_reduction: bool = False  # the framework pipelines with torch's schedules
     grad_acc_defers_fsdp_reduction: bool = False  # its own gradient accumulation defers it too
     fsdp_accumulated_grad_bytes: float = 4.0  # bytes per parameter of that unsharded gradient

@@ -25,6 +25,7 @@ from sweep.memory import (
     stage_block_counts,
     stage_layer_counts,
 )
+from sweep.memory_profiles import TORCHTITAN, MemoryProfile
 from sweep.model import ModelShape, count_parameters
 from sweep.units import GiB
 
@@ -244,15 +245,22 @@ def test_fsdp_that_defers_its_reduction_holds_whole_gradients_until_the_last_mic
     assert accumulating["gradients"] == 4 * p  # whole fp32 gradients, not 4 p / 8
     titan = state("torchtitan", pp=1, grad_acc=2)
     assert titan["gradients"] == pytest.approx(4 * p / 8, rel=1e-9)  # reduced every micro-batch
-    piped = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=4, grad_acc=8, zero_stage=3), seq_len=4096,
-                     profile="torchtitan")
-    kept = estimate(EIGHT_B, Layout(dp=8, tp=1, pp=4, grad_acc=8, zero_stage=2), seq_len=4096,
-                    profile="torchtitan")
+    def pipelined(zero_stage: int, profile: str | MemoryProfile = "torchtitan") -> MemoryEstimate:
+        return estimate(EIGHT_B, Layout(dp=8, tp=1, pp=4, grad_acc=8, zero_stage=zero_stage,
+                                        recompute="full"), seq_len=4096, profile=profile)
+
+    piped, kept = pipelined(3), pipelined(2)
     stage_params = piped.components["weights"] * 8 / 4  # the stage's fp32 shards, gathered
     assert piped.components["gradients"] == pytest.approx(4 * stage_params, rel=1e-6)
-    # ZeRO-3 under a schedule keeps every layer gathered after its backward, as ZeRO-2 does
-    assert piped.components["buffers"] == kept.components["buffers"]
-    assert piped.components["buffers"] >= 2 * stage_params
+    # ZeRO-3 under a schedule leaves every layer gathered after each backward, beside all but one
+    # micro-batch's activations: more than the two layers it gathers at a time otherwise, and no
+    # more than ZeRO-2, which keeps them gathered from forward to backward
+    two_layers = pipelined(3, replace(TORCHTITAN, pipeline_defers_fsdp_reduction=False))
+    assert two_layers.components["buffers"] < piped.components["buffers"] \
+        <= kept.components["buffers"]
+    # the difference: the micro-batch whose backward just ended (on the last stage, the only one)
+    assert 0 < kept.components["buffers"] - piped.components["buffers"] <= \
+        piped.components["activations"]
     # at the optimizer step the whole gradients are freed, and the sharded ones are made
     assert piped.step_allocated_bytes < piped.allocated_bytes
 
