@@ -19,13 +19,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Final
-
-import numpy as np
-from numpy.typing import ArrayLike
+from typing import TYPE_CHECKING, Final
 
 from sweep import fitted_constants
 from sweep.units import MiB
+
+if TYPE_CHECKING:  # numpy is imported where the interval is drawn (see sweep.frameworks.base)
+    import numpy as np
+    from numpy.typing import ArrayLike
 
 # The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it:
 # - activations of a micro-batch that is alone in flight: each micro-batch allocates and frees the same
@@ -63,6 +64,8 @@ def reserved_interval(predicted_bytes: ArrayLike, band: tuple[float, float] = RE
     bound stays under the budget fits with that confidence; one whose interval straddles it is
     uncertain, not infeasible. Pure and vectorised; the planner does not use it yet.
     """
+    import numpy as np
+
     lo, hi = band
     if not -1.0 < lo <= hi:
         raise ValueError(f"band must satisfy -1 < low <= high; got {band}")

@@ -259,3 +259,14 @@ def test_after_a_term_node0_does_not_wait_long_for_a_missing_node(tmp_path: Path
     proc.communicate(timeout=60)
     assert time.monotonic() - sent < 5  # signal grace (1 s) + the short wait, not 60 s
     assert (run.status["outcome"], run.status["missing_nodes"]) == ("cancelled", ["node1"])
+
+
+def test_the_watchdog_of_a_builtin_run_loads_no_numpy() -> None:
+    """The watchdog shares the job's memory cgroup with the ranks, and the kernel kills the
+    largest process there: numpy's 11 MiB made the watchdog that process in a 64 MiB cgroup
+    (tests/test_jobinfo.py), and a killed watchdog records no verdict. Asking the built-in
+    adapter how its runs report must not load it."""
+    code = ("import sys, sweep.watchdog as w; assert w._writes_metrics_file('builtin'); "
+            "print('numpy' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

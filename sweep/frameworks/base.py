@@ -22,15 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Final, Literal
 
 from sweep.logs.base import LogParser
 from sweep.memory_profiles import PROFILES, MemoryProfile
 from sweep.model import ModelShape
 
-Columns = Mapping[str, np.ndarray]
+# numpy is imported where the rules run, not here: the watchdog reads the built-in adapter inside
+# the job's memory cgroup, where the 11 MiB numpy costs can decide which process the kernel kills
+if TYPE_CHECKING:
+    import numpy as np
+
+Columns = Mapping[str, "np.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ class FrameworkAdapter:
                             ctx: CapabilityContext) -> tuple[np.ndarray, np.ndarray]:
         """(failed, rule index): which candidates a capability rule rejects, and the first rule
         each fails (-1 where none does)."""
+        import numpy as np
+
         n = len(columns["tp"])
         first = np.full(n, -1, dtype=np.int16)
         for index, rule in enumerate(self.capabilities):
@@ -150,4 +155,6 @@ NO_RULE: Final = -1
 
 
 def never(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    import numpy as np
+
     return np.zeros(len(columns["tp"]), bool)
