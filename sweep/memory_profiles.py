@@ -62,7 +62,8 @@ def reserved_interval(predicted_bytes: ArrayLike, band: tuple[float, float] = RE
     error is predicted / measured - 1 = e, so measured = predicted / (1 + e), and the 5th..95th
     percentiles of e give [predicted / (1 + e95), predicted / (1 + e05)]. A candidate whose upper
     bound stays under the budget fits with that confidence; one whose interval straddles it is
-    uncertain, not infeasible. Pure and vectorised; the planner does not use it yet.
+    uncertain, not infeasible (the memory rule probes it: `sweep.space.memory_over`). Pure and
+    vectorised.
     """
     import numpy as np
 
