@@ -320,32 +320,54 @@ def torchtitan_layout(r: pd.Series) -> Layout:
                   pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
 
 
-def test_torchtitans_compiled_float8_runs_up_to_405b_lie_in_the_band(refdata):
-    """Every run of torchtitan's December 2024 H100 benchmark that logged its memory, up to
-    Llama 3.1 405B on 512 GPUs with FSDP, TP, PP and CP: none was fitted on, and each measured
-    peak (the maximum over the GPUs) lies in the band's interval of the torchtitan profile's
-    reserved peak. torch.compile, Float8 and AsyncTP are not modelled (on the 8B they move the
-    peak by under 7 %, Tables 1 and 3). The pipelined 405B runs hold one mechanism the profile
-    must count: torch.distributed.pipelining defers FSDP's reduce-scatter to the last
-    micro-batch, so each stage holds its whole fp32 gradients (about 24 GiB there); without it
-    they are predicted 35-44 % under what they measured, outside the band."""
+@pytest.fixture
+def torchtitan_runs(refdata) -> pd.DataFrame:
+    """Every run of torchtitan's December 2024 H100 benchmark that logged its memory, with its
+    layout, the torchtitan profile's reserved peak and the relative error (none was fitted on)."""
+    frame = pd.read_csv(refdata / "torchtitan_benchmarks.csv")
+    frame = frame[frame["memory_GiB"].notna() & frame["fsdp"].notna()].copy()
+    frame["layout"] = [torchtitan_layout(r) for _, r in frame.iterrows()]
+    frame["seq"] = frame["seq_len"].fillna(8192).astype(int)  # the default training.seq_len
+    frame["predicted"] = [
+        estimate(get_model(TORCHTITAN_MODELS[r["model"]]), r["layout"], seq_len=r["seq"],
+                 profile="torchtitan").reserved_bytes for _, r in frame.iterrows()]
+    frame["measured"] = frame["memory_GiB"] * GiB
+    frame["error"] = frame["predicted"] / frame["measured"] - 1.0
+    return frame
+
+
+def test_torchtitans_compiled_float8_runs_up_to_405b_lie_in_the_band(
+        torchtitan_runs: pd.DataFrame) -> None:
+    """Up to Llama 3.1 405B on 512 GPUs with FSDP, TP, PP and CP, each measured peak (the
+    maximum over the GPUs) lies in the band's interval of the torchtitan profile's reserved
+    peak. torch.compile, Float8 and AsyncTP are not modelled (on the 8B they move the peak by
+    under 7 %, Tables 1 and 3). The pipelined 405B runs hold one mechanism the profile must
+    count: torch.distributed.pipelining defers FSDP's reduce-scatter to the last micro-batch, so
+    each stage holds its whole fp32 gradients (about 24 GiB there); without it they are predicted
+    35-44 % under what they measured, outside the band."""
     from dataclasses import replace
 
     from sweep.memory_profiles import TORCHTITAN
 
-    frame = pd.read_csv(refdata / "torchtitan_benchmarks.csv")
-    frame = frame[frame["memory_GiB"].notna() & frame["fsdp"].notna()]
-    assert len(frame) == 18 and set(frame["model"]) == set(TORCHTITAN_MODELS)
+    assert len(torchtitan_runs) == 18 and set(torchtitan_runs["model"]) == set(TORCHTITAN_MODELS)
     reducing_every_micro_batch = replace(TORCHTITAN, pipeline_defers_fsdp_reduction=False)
-    for _, r in frame.iterrows():
-        model = get_model(TORCHTITAN_MODELS[r["model"]])
-        layout = torchtitan_layout(r)
-        seq = int(r["seq_len"]) if pd.notna(r["seq_len"]) else 8192  # the default training.seq_len
-        measured = float(r["memory_GiB"]) * GiB
-        est = estimate(model, layout, seq_len=seq, profile="torchtitan")
-        low, high = reserved_interval(est.reserved_bytes)
-        assert float(low) <= measured <= float(high), (r["table"], r["techniques"], seq,
-                                                       est.reserved_bytes / GiB, r["memory_GiB"])
-        if layout.pp > 1:
-            without = estimate(model, layout, seq_len=seq, profile=reducing_every_micro_batch)
-            assert measured > float(reserved_interval(without.reserved_bytes)[1]), r["table"]
+    for _, r in torchtitan_runs.iterrows():
+        low, high = reserved_interval(r["predicted"])
+        assert float(low) <= r["measured"] <= float(high), (r["table"], r["techniques"], r["seq"],
+                                                           r["predicted"] / GiB, r["memory_GiB"])
+        if r["layout"].pp > 1:
+            without = estimate(get_model(TORCHTITAN_MODELS[r["model"]]), r["layout"],
+                               seq_len=r["seq"], profile=reducing_every_micro_batch)
+            assert r["measured"] > float(reserved_interval(without.reserved_bytes)[1]), r["table"]
+
+
+def test_torchtitans_peaks_meet_the_issue_s_p90(torchtitan_runs: pd.DataFrame) -> None:
+    """Issue 17's targets for the reserved peak on data no constant was fitted to: p90 of the
+    absolute error <= 20 %. Met: 15.7 %."""
+    assert float(np.quantile(torchtitan_runs["error"].abs(), 0.9)) <= 0.20
+
+
+@pytest.mark.xfail(strict=True, reason="torchtitan's 18 peaks are predicted a median 7.6 % low "
+                   "(p90 15.7 %): issue 17's median target of 7 % is not met on this framework")
+def test_torchtitans_peaks_meet_the_issue_s_median(torchtitan_runs: pd.DataFrame) -> None:
+    assert float(torchtitan_runs["error"].abs().median()) <= 0.07
