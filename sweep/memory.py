@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from sweep.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.memory_profiles import PROFILES, MemoryProfile, get_profile
@@ -41,7 +42,7 @@ from sweep.model import ModelShape, count_parameters, mlp_kind
 from sweep.units import GiB
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
-           "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
+           "fsdp_reduction_deferred", "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
            "STAGE_SPLITS"]
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
@@ -193,6 +194,16 @@ def _is(column: np.ndarray, value: str) -> np.ndarray:
 
 # ---------------------------------------------------------------- the model
 
+def fsdp_reduction_deferred(prof: MemoryProfile, zero_stage: ArrayLike, pp: ArrayLike,
+                            grad_acc: ArrayLike) -> np.ndarray:
+    """Where FSDP's reduce-scatter waits for the step's last micro-batch, so that a rank holds
+    whole gradients until then, not its 1/(dp·cp) shard of them
+    (`MemoryProfile.pipeline_defers_fsdp_reduction`, `grad_acc_defers_fsdp_reduction`)."""
+    zero, stages, micro = (np.asarray(x, dtype=np.float64) for x in (zero_stage, pp, grad_acc))
+    return (zero >= 2) & (((stages > 1) & prof.pipeline_defers_fsdp_reduction)
+                          | ((micro > 1) & prof.grad_acc_defers_fsdp_reduction))
+
+
 def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
     missing = [c for c in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule") if c not in columns]
@@ -328,9 +339,8 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
     # gradients that do not exist yet at the activation peak (made in the backward that follows)
     grads_later = np.where(prof.grads_freed_each_step & (f64["grad_acc"] == 1), 1.0, 0.0)
     # FSDP whose reduce-scatter waits for the step's last micro-batch: whole gradients until then
+    deferred = fsdp_reduction_deferred(prof, zero, pp, f64["grad_acc"])
     under_pipeline = (pp > 1) & prof.pipeline_defers_fsdp_reduction
-    deferred = (zero >= 2) & (under_pipeline | ((f64["grad_acc"] > 1)
-                                                & prof.grad_acc_defers_fsdp_reduction))
 
     def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
         def sharded(bytes_pp, from_stage):

@@ -247,6 +247,13 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
              + (" (the spec's allocator constants)" if spec.allocator else "")
              + f", seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]
+    profile = spec.memory_profile
+    if memory.fsdp_reduction_deferred(profile, layout.zero_stage, layout.pp, layout.grad_acc):
+        shards = layout.dp * layout.ep * (layout.cp if profile.zero_shards_over_cp else 1)
+        by = ("the pipeline schedule (torch.distributed.pipelining)" if layout.pp > 1
+              else "the gradient accumulation")
+        lines.append(f"gradients: whole, not 1/{shards} of them: {by} defers FSDP's "
+                     "reduce-scatter to the step's last micro-batch")
     if budget is not None:
         lines.append(f"budget: {budget / GiB:.2f} GiB ({spec.gpu}, headroom "
                      f"{spec.constraints.memory_headroom:.0%}) → fits with "

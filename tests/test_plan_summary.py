@@ -59,3 +59,32 @@ def test_the_plan_and_its_explanations_say_when_the_spec_brings_its_own_allocato
     shown = explain(spec, plan, str(row.run_id))
     assert "framework profile: nanotron (the spec's allocator constants)" in shown
     assert f"{row.mem_reserved_bytes / GiB:.2f}" in shown  # the plan's own estimate, explained
+
+
+def test_the_explanation_says_why_a_rank_holds_whole_gradients_under_zero() -> None:
+    """A ZeRO-2 rank of dp 8 holding every gradient of its stage looks like a bug in the model;
+    the explanation names the mechanism (FSDP's reduce-scatter deferred by the schedule)."""
+    from sweep import space
+    from sweep.plan_summary import explain
+
+    text = ("name: titan\nframework: torchtitan\ngpu: h100-sxm\nmodels: [llama-3.1-405b]\n"
+            "nodes: [64]\nseq_len: 8192\nglobal_batch: {sequences: 256}\n"
+            "axes: {tp: [8], pp: [8], zero_stage: [2], recompute: [full], mbs: [4]}\n")
+    spec = parse_spec(text)
+    plan = space.plan(spec)
+    shown = explain(spec, plan, str(plan[plan.status == "kept"].iloc[0].run_id))
+    assert ("gradients: whole, not 1/8 of them: the pipeline schedule "
+            "(torch.distributed.pipelining) defers FSDP's reduce-scatter") in shown
+    # without a pipeline: torchtitan's own accumulation reduce-scatters every micro-batch, the
+    # built-in workload's defers it
+    accumulating = ("gpu: h100-sxm\nnodes: [1]\nseq_len: 4096\nglobal_batch: {sequences: 64}\n"
+                    "axes: {tp: [1], pp: [1], zero_stage: [2], recompute: [full], mbs: [1]}\n")
+    for framework, model, said in (("torchtitan", "llama-3.1-8b", None),
+                                   ("builtin", "llama-3.2-1b", "the gradient accumulation defers")):
+        spec = parse_spec(f"name: acc\nframework: {framework}\nmodels: [{model}]\n"
+                          + accumulating)
+        plan = space.plan(spec)
+        [run_id] = plan.loc[plan.status == "kept", "run_id"]
+        shown = explain(spec, plan, str(run_id))
+        assert ("gradients: whole, not 1/8 of them" in shown) == (said is not None)
+        assert said is None or said in shown
