@@ -396,19 +396,6 @@ def test_an_array_task_sacct_still_shows_by_its_master_id_is_read_from_that_row(
     assert row["slurm_job_id"] == "88_0"
 
 
-def test_the_logged_rate_check_tests_the_batch_not_the_spread_of_step_times() -> None:
-    """Rates of 1,000 and 3,000 tokens/s over steps of 1 s and 1/3 s are one batch of 1,000
-    tokens: tokens / mean step time is 1,500, and so is their harmonic mean (the arithmetic
-    mean, 2,000, would call a busy machine a wrong batch)."""
-    from sweep.collect import _check_logged_rate
-
-    steps = [{"step": 2, "tokens_per_sec": 1000.0}, {"step": 3, "tokens_per_sec": 3000.0}]
-    issues: list[str] = []
-    _check_logged_rate(steps, 1, {"tokens_per_sec": 1500.0}, issues)
-    assert issues == []
-    _check_logged_rate(steps, 1, {"tokens_per_sec": 750.0}, issues)  # half the logged batch
-    assert len(issues) == 1 and "does the run's batch match run.json" in issues[0]
-
 
 def test_the_node_log_with_the_losses_speaks_for_a_pipeline_run(tmp_path) -> None:
     """Every torchtitan rank prints every step, and only the last stage's lines carry a real
