@@ -94,14 +94,14 @@ def allocator_notes(spec: Spec) -> list[str]:
     GPU"): two runs are not a model of it."""
     notes = []
     constants = spec.constraints.allocator
-    if spec.allocator is not None and constants is not None:
+    if constants is not None:
         low, high = spec.reserved_band
         band = (f"their band {low:+.1%} .. {high:+.1%} (left out)" if constants.band is not None
                 else f"no band of their own: the probes use the shipped constants' left-out band "
                      f"{low:+.1%} .. {high:+.1%} (`sweep memory-check --write-constants --cv "
                      "model` measures theirs)")
         notes.append(f"memory: the spec's allocator constants (constraints.allocator: "
-                     f"{spec.allocator.describe()}) instead "
+                     f"{constants.to_allocator().describe()}) instead "
                      f"of the profile's fitted ones ({Allocator.of(spec.framework).describe()}); "
                      f"{band}")
     envs = [spec.run.env] + [o.set.get("env") or {} for o in spec.overrides]

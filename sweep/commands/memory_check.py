@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import date
@@ -71,9 +72,10 @@ def run(args: argparse.Namespace) -> int:
                         f"of two models or more; these are all of {', '.join(models) or 'none'}"
                         + ("; without --cv model, --write-constants writes constants with no band "
                            "of their own" if args.write_constants is not None else ""))
-    alone = _write_constants(args, runs, spec) if args.write_constants is not None else None
+    alone, alone_cv = (_write_constants(args, runs, spec) if args.write_constants is not None
+                       else (None, None))
     if args.cv == "model":
-        return _cross_validate(args, runs, spec, alone)
+        return _cross_validate(args, runs, spec, alone, alone_cv)
     judged = memcheck.judge(runs, spec)
     result = memcheck.score_judged(judged, runs.format, runs.n_skipped).to_dict()
     by_version = memcheck.score_by_version(judged, runs.format)
@@ -99,12 +101,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
-                    alone_fit: fit.AllocatorFit | None = None) -> int:
-    """`alone_fit`: the constants fitted on this table alone, if `--write-constants` fitted them."""
+                    alone_fit: fit.AllocatorFit | None = None,
+                    alone_cv: fit.CrossValidation | None = None) -> int:
+    """`alone_fit`, `alone_cv`: the constants fitted on this table alone and their folds, if
+    `--write-constants` fitted them (without published data to constrain the folds, they are
+    these folds: not fitted twice)."""
     published = fit_reference.published_bases(refdata_dir())
     must_fit = published.get(fit_reference.LLMFOUNDRY_FILE)
     try:
-        cv = fit.cross_validate(runs, spec, must_fit=must_fit)
+        cv = alone_cv if must_fit is None and alone_cv is not None else \
+            fit.cross_validate(runs, spec, must_fit=must_fit)
         # the published configurations held out too: constants fitted on this table alone
         alone_fit = alone_fit or fit.fit_allocator(runs, spec)
         alone = alone_fit.allocator
@@ -163,10 +169,11 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
     return 0
 
 
-def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) -> fit.AllocatorFit:
+def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec
+                     ) -> tuple[fit.AllocatorFit, fit.CrossValidation | None]:
     """Fit the constants on RUNS alone (no published table constrains them: the runs are the
     cluster's own) and write them as spec lines, headed by their provenance and figures; the fit
-    is returned for `--cv model` to report beside its folds."""
+    and, with `--cv model`, its folds are returned for `--cv model` to report."""
     try:
         fitted = fit.fit_allocator(runs, spec)
     except ValueError as error:
@@ -187,7 +194,7 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec) 
         raise UserError(f"--write-constants {args.write_constants}: {error.strerror}") from None
     print(f"allocator constants fitted on {fitted.rows} successful run(s) of {args.runs} "
           f"({fitted.allocator.describe()}) → {args.write_constants}", file=sys.stderr)
-    return fitted
+    return fitted, left_out
 
 
 def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
@@ -262,10 +269,9 @@ def _grid_source(fitted: fit.AllocatorFit) -> str:
     """sweep.fit.GRID, and which axes the fit widened because it reached their largest value."""
     if not fitted.widened:
         return "sweep.fit.GRID"
-    axes = {name: fitted.widened.count(name) for name in dict.fromkeys(fitted.widened)}
     described = fitted.grid.describe()
     wider = ", ".join(f"{name} to {described[name]['last']:g} ({times} widening"
-                      f"{'s' if times > 1 else ''})" for name, times in axes.items())
+                      f"{'s' if times > 1 else ''})" for name, times in Counter(fitted.widened).items())
     return f"sweep.fit.GRID widened where the fit reached its largest value: {wider}"
 
 
