@@ -15,10 +15,11 @@ Self-calibration is for a cluster, framework or allocator the constants do not d
 held-out model ran on the cluster they were fitted on. So the prior is also taken wrong on
 purpose: the fold's allocator constants (shares and floor) × 0 (no fragmentation at all) and × 2.
 
-Two targets of the factor are compared: the committed one (the geometric mean of measured /
-predicted over the completed attempts) and the largest ratio (the rule before, which covers
-every peak the round saw). Both move within the same bounds (every completed attempt fits,
-every OOM does not).
+Three rules for the factor are compared: the committed one (the geometric mean of measured /
+predicted over the completed attempts), the same moved into the bounds of every outcome (every
+completed attempt predicted to fit, every OOM not: the rule until this release, which now binds
+only where no peak was measured), and the largest ratio in those bounds (the rule before that,
+which covers every peak the round saw).
 
     SWEEP_REFDATA=DIR .venv/bin/python benchmarks/self_calibration_transfer.py [--seeds 8]
 """
@@ -28,13 +29,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pandas as pd
 
 from sweep import fit, fit_reference, memcheck
 from sweep.refdata import refdata_dir
-from sweep.self_calibration import fit_correction, geometric_mean
+from sweep.self_calibration import MemoryCorrection, fit_correction, geometric_mean
 from sweep.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +44,20 @@ TABLE = "playbook_bench_full_1B_8B.csv"
 SIZES = (8, 16, 64)
 TARGETS: dict[str, Callable[[np.ndarray], float]] = {"geometric mean": geometric_mean,
                                                       "largest": lambda r: float(np.max(r))}
+BOUNDED: Final = "geometric mean, bounded by the outcomes"
+LARGEST: Final = "largest ratio, bounded by the outcomes"
+KEYS: Final = {"none (prior)": "prior", "geometric mean": "gmean", BOUNDED: "bounded",
+               LARGEST: "largest"}
+
+
+def bounded(correction: MemoryCorrection) -> float:
+    """The target moved into the outcomes' bounds as little as it takes."""
+    factor = correction.target
+    if correction.lower is not None:
+        factor = max(factor, correction.lower * (1 + 1e-9))
+    if correction.upper is not None:
+        factor = min(factor, correction.upper)
+    return factor
 
 
 class HeldOutModel:
@@ -72,7 +88,8 @@ class HeldOutModel:
         e = (self.budget - self.overhead[:, rows]) / self.reserved(rows)
         return np.where(self.b.single[rows], e[0], np.minimum(e[0], e[1]))
 
-    def factor(self, rows: np.ndarray, target_of: Callable[[np.ndarray], float]) -> float:
+    def correction(self, rows: np.ndarray,
+                   target_of: Callable[[np.ndarray], float]) -> MemoryCorrection:
         """fit_correction on these attempts, as a sweep's runs.parquet would give them: rank
         0's measured peak (what the table has) against rank 0's prediction, each attempt
         judged at the limit where its most loaded stage just fits."""
@@ -83,7 +100,7 @@ class HeldOutModel:
             "measured_reserved": np.where(self.scored[rows], self.b.measured_reserved[rows],
                                           np.nan),
             "pred_reserved": r0, "pred_overhead": o0, "limit": self.edge(rows) * r0 + o0})
-        return fit_correction(ev, target_of).factor
+        return fit_correction(ev, target_of)
 
     def score(self, rows: np.ndarray, k: float) -> dict[str, float]:
         kept = self.edge(rows) >= k
@@ -119,8 +136,11 @@ def first_rounds(held: HeldOutModel, seeds: int) -> list[dict[str, object]]:
                 records.append({**common, "target": "none (prior)", "k": 1.0,
                                 **held.score(rest, 1.0)})
                 for name, target_of in TARGETS.items():
-                    k = held.factor(rows, target_of)
-                    records.append({**common, "target": name, "k": k, **held.score(rest, k)})
+                    correction = held.correction(rows, target_of)
+                    factors = ({name: correction.factor, BOUNDED: bounded(correction)}
+                               if name == "geometric mean" else {LARGEST: bounded(correction)})
+                    for rule, k in factors.items():
+                        records.append({**common, "target": rule, "k": k, **held.score(rest, k)})
     return records
 
 
@@ -154,8 +174,7 @@ def main() -> None:
     print(overall[["kept", "oom_pruned", "median", "p90"]].round(4).to_string())
     figures = []
     for (prior, name), row in overall.iterrows():
-        key = f"{prior.split()[-1]}x_" + {"none (prior)": "prior", "geometric mean": "gmean",
-                                          "largest": "largest"}[name]
+        key = f"{prior.split()[-1]}x_" + KEYS[name]
         figures += [f"{key}_kept={row['kept']:.4f}", f"{key}_oom_pruned={row['oom_pruned']:.4f}",
                     f"{key}_median={row['median']:.4f}"]
     print(" ".join(figures))

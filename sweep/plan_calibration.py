@@ -82,8 +82,9 @@ def calibrate_from(runs: Path, spec: Spec, frame: pd.DataFrame, prior: Coefficie
         calibration = self_calibration.calibrate(runs, spec)
     except self_calibration.CalibrationError as error:
         raise UserError(str(error)) from None
-    replanned = self_calibration.replan(frame, spec, calibration.memory.factor,
-                                        calibration.memory.overhead_delta_bytes)
+    replanned = self_calibration.replan(
+        frame, spec, calibration.memory.factor, calibration.memory.overhead_delta_bytes,
+        self_calibration.completed_run_ids(calibration.residuals))
     changed = self_calibration.changes(frame, replanned)
     lines = self_calibration.describe(calibration, changed)
     record: dict[str, object] = {**calibration.to_dict(), "status_changes": changed}
@@ -116,14 +117,15 @@ def recorded_calibration(out: Path, spec: Spec, frame: pd.DataFrame
         record = json.loads(path.read_text(encoding="utf-8"))
         factor, made_for = float(record["memory"]["factor"]), str(record["spec_hash"])
         delta = float(record["memory"].get("overhead_delta_bytes") or 0.0)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        completed = self_calibration.completed_run_ids(record.get("residuals") or [])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UserError(f"{path}: not a calibration of `sweep plan --calibrate-from` ({error}); "
                         "remove it or write it again with --calibrate-from") from None
     if made_for != spec.spec_hash():
         return frame, [f"warning: {path} was made for another version of the spec "
                        f"(hash {made_for}); planned with the prior memory model. Run `sweep plan "
                        "--calibrate-from RUNS` again to recalibrate"]
-    replanned = self_calibration.replan(frame, spec, factor, delta)
+    replanned = self_calibration.replan(frame, spec, factor, delta, completed)
     changed = self_calibration.changes(frame, replanned)
     raised = f", overhead + {delta / GiB:.2f} GiB" if delta else ""
     return replanned, [f"memory: reserved peak × {factor:.3f}{raised} from {path} (runs sha256 "

@@ -123,8 +123,9 @@ class RoundCalibration:
             return Replanned(self.candidates.index[current.to_numpy()],
                              f"{MEMORY_RULE} (no calibration yet: {error})")
         factor = calibration.memory.factor
-        replanned = self_calibration.replan(self.prior, self.spec, factor,
-                                            calibration.memory.overhead_delta_bytes)
+        replanned = self_calibration.replan(
+            self.prior, self.spec, factor, calibration.memory.overhead_delta_bytes,
+            self_calibration.completed_run_ids(calibration.residuals))
         status = replanned["status"].astype(str).iloc[self.candidates["plan_row"]].to_numpy()
         kept = status == space.KEPT
         released = int((kept & ~current.to_numpy()).sum())

@@ -22,25 +22,34 @@ prediction lowers nothing: an OOM can come before NCCL has set up its buffers. F
 predicted reserved peak r_i, overhead o_i + d and the memory limit L_i it ran under:
 
 1. target: `t` = the geometric mean of `measured_i / r_i` over the completed attempts with a
-   measured peak (none measured: t = 1, the prior). The factor removes the model's bias on this
-   cluster; the spread around it is the memory band's to cover (`sweep.space.memory_over` keeps
-   what the band straddles as a probe), so t is the central ratio, not the largest: the largest
-   inflates every prediction by the worst-predicted attempt's error and prunes runs that fit.
+   measured peak. The factor removes the model's bias on this cluster; the spread around it is
+   the memory band's to cover (`sweep.space.memory_over` keeps what the band straddles as a
+   probe), so t is the central ratio, not the largest: the largest inflates every prediction by
+   the worst-predicted attempt's error and prunes runs that fit.
    An attempt that fitted only because the caching allocator released its cache and retried
    (`mem_alloc_retries` > 0) is left out of t: its reserved peak is the card's limit, not what
-   its configuration reserves (an H100 cut one from 79.2 to 75.3 GiB); it still bounds k (2.).
-   (`benchmarks/self_calibration_transfer.py` measures both on a model the constants were not
-   fitted on: the largest ratio keeps 2-3 % fewer of that model's successful runs than the
-   geometric mean, on average over its settings, and doubles the error of the reserved peaks);
-2. every completed attempt must be predicted to fit, k·r_i + o_i + d <= L_i: an upper bound (a
-   run that ran is proof its configuration fits);
-3. every OOM must be predicted not to fit, k·r_i + o_i + d > L_i: a lower bound;
-4. k = t moved into [lower, upper] as little as it takes (the smallest change from what the
-   measurements ask for; from the prior when nothing was measured).
+   its configuration reserves (an H100 cut one from 79.2 to 75.3 GiB);
+2. with a measured peak, k = t. The attempts' outcomes bound nothing then: each is the truth
+   about its own configuration (`replan` never prunes a configuration that completed, and a
+   search skips what an OOM proves), and as bounds on the factor they move every other
+   prediction by the attempt furthest from the model's centre, as the largest ratio does;
+3. with none, k is the prior (1) moved as little as it takes for every completed attempt to be
+   predicted to fit, k·r_i + o_i + d <= L_i (an upper bound: a run that ran is proof its
+   configuration fits), and every OOM not to, k·r_i + o_i + d > L_i (a lower bound): the
+   outcomes are then all the round says about memory.
 
-Conflicting evidence (an OOM whose bound is at or above a completed attempt's, so no k explains
-both) is settled for the completed attempts: the OOM is listed as `unexplained` (something the
-model does not hold ran out: another process, a leak, a cap) and bounds nothing. Attempts without
+`benchmarks/self_calibration_transfer.py` measures the rules on a model the constants were not
+fitted on (a first round of 8 to 64 of its attempts, scored on the rest of its runs): the
+largest ratio keeps 2-3 % fewer of that model's successful runs than the geometric mean and
+doubles the error of the reserved peaks; the geometric mean bounded by every outcome (the rule
+until this release) kept fewer successful runs, pruned fewer OOMs and erred more than the
+geometric mean alone, from every prior it was given (README, "Calibrating on the sweep's own
+runs").
+
+The bounds are reported either way (calibration.json), with the conflicting evidence: an OOM
+whose bound is at or above a completed attempt's, so that no k explains both, is settled for the
+completed attempts and listed as `unexplained` (something the model does not hold ran out:
+another process, a leak, a cap); it bounds nothing. Attempts without
 a limit (no `gpu_memory_gb` on `gpu: cpu`) or run under their own cap (`rank_memory_limit_mb`,
 which on CPU bounds address space, not the resident peak measured) give no bound; their peaks
 still count towards t. An attempt is only evidence for a spec it can be judged under: rows of
@@ -52,7 +61,7 @@ Pure, except `read_attempts` and `calibrate`, which read the runs file.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -76,10 +85,10 @@ REQUIRED_COLUMNS: Final = ("run_id", "attempt", "framework", "model", "gpus_per_
 RULE: Final = (
     "k multiplies the predicted reserved peak (allocated + fragmentation; the CUDA/NCCL overhead "
     "stays as predicted, raised by the largest excess the attempts measured): k = the "
-    "geometric mean of measured / predicted over completed attempts with a peak "
-    "(1 without one), moved as little as needed so every completed attempt is predicted to fit "
-    "and every OOM not to; an OOM no k can explain beside the completed attempts is listed as "
-    "unexplained and bounds nothing")
+    "geometric mean of measured / predicted over completed attempts with a peak; without one, "
+    "1 moved as little as needed so every completed attempt is predicted to fit and every OOM "
+    "not to (an OOM no k can explain beside the completed attempts is listed as unexplained "
+    "and bounds nothing); a configuration that completed is never pruned")
 _STRICT: Final = 1e-9  # an OOM must be predicted strictly over its limit
 
 
@@ -93,6 +102,7 @@ class MemoryCorrection:
 
     factor: float
     target: float  # what the measured peaks alone ask for (1.0: nothing measured)
+    # the outcomes' bounds on k, applied only where no peak was measured (rule 3)
     lower: float | None  # from the OOMs the model explains
     upper: float | None  # from the completed attempts
     n_completed: int
@@ -109,6 +119,8 @@ class MemoryCorrection:
     @property
     def bound_by(self) -> str:
         """What set the factor: the measured peaks, an OOM, a completed attempt, or the prior."""
+        if self.n_measured:
+            return "measured peaks"
         if self.lower is not None and self.factor > self.target:
             return "oom"
         if self.upper is not None and self.factor < self.target:
@@ -246,10 +258,11 @@ def fit_correction(ev: pd.DataFrame,
         explained &= ~unexplained
     lower = float(edge[explained].max()) if explained.any() else None
     factor = target
-    if lower is not None:
-        factor = max(factor, lower * (1 + _STRICT) if lower > 0 else 0.0)
-    if upper is not None:
-        factor = min(factor, upper)
+    if not measured.any():  # the outcomes are all the round says about memory
+        if lower is not None:
+            factor = max(factor, lower * (1 + _STRICT) if lower > 0 else 0.0)
+        if upper is not None:
+            factor = min(factor, upper)
     ids = ev.loc[unexplained, "run_id"].astype(str) + "#" + ev.loc[unexplained, "attempt"].astype(str)
     return MemoryCorrection(
         factor=factor, target=target, lower=lower, upper=upper,
@@ -296,12 +309,19 @@ def calibrate(path: Path, spec: Spec) -> Calibration:
 PRIOR_TOTAL: Final = "mem_prior_total_bytes"
 
 
-def replan(frame: pd.DataFrame, spec: Spec, factor: float,
-           overhead_delta: float = 0.0) -> pd.DataFrame:
+def completed_run_ids(residuals: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The run ids of the attempts that completed, from `residuals` rows (a Calibration's, or
+    calibration.json's): configurations a re-plan must keep."""
+    return frozenset(str(r["run_id"]) for r in residuals if r.get("outcome") == "completed")
+
+
+def replan(frame: pd.DataFrame, spec: Spec, factor: float, overhead_delta: float = 0.0,
+           completed: Collection[str] = frozenset()) -> pd.DataFrame:
     """The plan with the memory rule applied to the corrected estimate.
 
     Only candidates the memory rule decided (status kept or pruned:memory: they passed every
-    earlier rule) can change. Their allocator-side bytes (every mem_* column but the overhead)
+    earlier rule) can change, and none whose run id is in `completed`: a run that ran is proof
+    that its configuration fits, whatever the factor predicts for it. Their allocator-side bytes (every mem_* column but the overhead)
     are scaled by `factor`, their overhead is raised by `overhead_delta` (what the attempts
     measured beyond it), the total is the scaled reserved peak plus the overhead, the prior
     total is kept in `mem_prior_total_bytes`, and a candidate newly kept gets its run id. The
@@ -332,6 +352,9 @@ def replan(frame: pd.DataFrame, spec: Spec, factor: float,
                ("mem_total_bytes", "mem_reserved_bytes", "mem_overhead_bytes")}
         over = judged & space.memory_over(mem, budget, probes=spec.constraints.memory_probes,
                                           band=spec.reserved_band)
+        if completed and over.any():
+            ran = pd.Series(space.run_ids(spec, out[over]), index=out.index[over]).isin(completed)
+            over[ran[ran].index] = False
     was = out["status"].astype(str)
     out.loc[judged & over, "status"] = memory_rule
     out.loc[judged & ~over, "status"] = space.KEPT

@@ -16,6 +16,7 @@ from sweep.self_calibration import (
     CalibrationError,
     calibrate,
     changes,
+    completed_run_ids,
     fit_correction,
     replan,
 )
@@ -43,17 +44,21 @@ def test_completed_attempts_alone_scale_the_prediction_by_their_central_ratio() 
     assert (fit.n_completed, fit.n_oom, fit.n_measured, fit.n_unbounded) == (2, 0, 2, 2)
 
 
-def test_a_run_that_fitted_only_by_flushing_the_allocator_bounds_the_factor_but_does_not_set_it() -> None:
+def test_a_run_that_fitted_only_by_flushing_the_allocator_does_not_set_the_factor() -> None:
     """Its reserved peak is the card's limit (the allocator released its cache and retried), not
     what its configuration reserves: an H100 cut one from 79.2 to 75.3 GiB. Counted in the target
-    it would pull k down; it still proves that its configuration fits."""
+    it would pull k down; its bound (it ran, so its configuration fits) is reported, and binds
+    only where no peak was measured."""
     rows = (("completed", 100, 100, 1000), ("completed", 700, 1000, 800))
     plain = fit_correction(evidence(*rows))
     flushed = fit_correction(evidence(*rows).assign(flushed=[False, True]))
     assert plain.target == pytest.approx((1.0 * 0.7) ** 0.5)  # the flushed peak counted: too low
     assert flushed.target == pytest.approx(1.0) and flushed.n_flushed == 1 and flushed.n_measured == 1
     assert flushed.upper == pytest.approx((800 - 100) / 1000)  # it ran: k * 1000 + 100 <= 800
-    assert flushed.factor == pytest.approx(0.7) and flushed.bound_by == "completed"
+    assert flushed.factor == pytest.approx(1.0) and flushed.bound_by == "measured peaks"
+    alone = fit_correction(evidence(rows[1]).assign(flushed=[True]))
+    assert alone.n_measured == 0 and alone.factor == pytest.approx(0.7)
+    assert alone.bound_by == "completed"
 
 
 def test_without_measured_peaks_the_prior_stands_unless_an_outcome_moves_it() -> None:
@@ -62,17 +67,21 @@ def test_without_measured_peaks_the_prior_stands_unless_an_outcome_moves_it() ->
     assert fit.factor == pytest.approx(0.75) and fit.bound_by == "completed"
 
 
-def test_a_completed_attempt_caps_what_the_measured_peaks_ask() -> None:
-    # a peak measured above the prediction (× 2) but the run fitted in 300 MiB: k <= 2.0 is
-    # fine, k <= (300 - 100) / 200 = 1.0 from the other completed run bounds it
+def test_with_a_measured_peak_the_outcomes_bound_nothing() -> None:
+    """The peak measured at twice the prediction sets k = 2, although the other completed run
+    (no peak measured) would then be predicted over its 300 MiB: 2 × 200 + 100. Its bound, 1.0,
+    is reported; it does not cap k, which would move every other prediction by the one attempt
+    furthest from the model's centre (a re-plan keeps that run's configuration anyway: it ran)."""
     fit = fit_correction(evidence(("completed", 200, 100, 300), ("completed", None, 200, 300)))
-    assert fit.target == pytest.approx(2.0)
-    assert fit.factor == pytest.approx(1.0) and fit.upper == pytest.approx(1.0)
+    assert fit.target == pytest.approx(2.0) and fit.factor == pytest.approx(2.0)
+    assert fit.upper == pytest.approx(1.0) and fit.bound_by == "measured peaks"
+    with_oom = fit_correction(evidence(("completed", 150, 200, 500), ("oom", None, 300, 500)))
+    assert with_oom.factor == pytest.approx(0.75) and with_oom.lower == pytest.approx(400 / 300)
 
 
 def test_an_oom_the_prior_predicted_to_fit_raises_the_factor_just_over_its_edge() -> None:
-    # prior: 300 + 100 <= 500 fits, yet it ran out: k > (500 - 100) / 300
-    fit = fit_correction(evidence(("completed", 150, 200, 500), ("oom", None, 300, 500)))
+    # nothing measured; prior: 300 + 100 <= 500 fits, yet it ran out: k > (500 - 100) / 300
+    fit = fit_correction(evidence(("completed", None, 200, 500), ("oom", None, 300, 500)))
     edge = 400 / 300
     assert fit.factor > edge and fit.factor == pytest.approx(edge)
     assert fit.bound_by == "oom" and fit.unexplained_ooms == ()
@@ -97,7 +106,7 @@ def test_the_overhead_is_raised_by_the_largest_excess_the_oom_messages_measured(
     """A CUDA OOM's message says what the process held outside the allocator (sweep.cuda_oom):
     160 MiB against the 100 MiB predicted moves every prediction's overhead up by 60 MiB, and
     with it the OOM's edge: k > (500 - 100 - 60) / 300 instead of (500 - 100) / 300."""
-    ev = evidence(("completed", 150, 200, 500), ("oom", None, 300, 500))
+    ev = evidence(("completed", None, 200, 500), ("oom", None, 300, 500))
     ev["measured_outside"] = [np.nan, 160.0 * MiB]
     fit = fit_correction(ev)
     assert fit.overhead_delta_bytes == pytest.approx(60 * MiB) and fit.n_overhead_measured == 1
@@ -218,6 +227,27 @@ def test_measured_peaks_far_below_the_prior_keep_what_the_prior_pruned(
     stricter = replan(prior, spec, 3.0)
     assert changes(prior, stricter) == {"pruned_to_kept": 0, "kept_to_pruned": 2}
     assert stricter["run_id"].isna().all()
+
+
+def test_a_replan_never_prunes_a_configuration_that_completed(spec_path: Path,
+                                                              tmp_path: Path) -> None:
+    """Whatever the factor predicts for it, a run that ran is proof that its configuration
+    fits: the re-plan keeps it, with its run id, and prunes the rest as the factor says."""
+    spec = load_spec(spec_path)
+    prior = space.plan(spec)
+    label = "DP1 TP2 PP1 GAS4 MBS2 ZeRO-0"
+    table = runs_table(spec_path, {label: ("completed", 900.0)})  # measured far over the prior
+    path = tmp_path / "runs.parquet"
+    table.to_parquet(path)
+    calibration = calibrate(path, spec)
+    completed = completed_run_ids(calibration.residuals)
+    assert completed == {table["run_id"].iloc[0]} and calibration.memory.factor > 2.5
+    assert calibration.memory.upper is not None and calibration.memory.upper < 1.2  # reported
+    replanned = replan(prior, spec, calibration.memory.factor, completed=completed)
+    ran = replanned["run_id"].isin(completed)
+    assert ran.sum() == 1 and replanned.loc[ran, "status"].eq(space.KEPT).all()
+    assert (replanned.loc[~ran, "status"] == "pruned:memory").all()
+    assert completed_run_ids(json.loads(json.dumps(calibration.to_dict()))["residuals"]) == completed
 
 
 def test_calibration_json_records_the_overhead_the_oom_messages_measured(
