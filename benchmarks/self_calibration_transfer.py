@@ -15,6 +15,9 @@ Self-calibration is for a cluster, framework or allocator the constants do not d
 held-out model ran on the cluster they were fitted on. So the prior is also taken wrong on
 purpose: the fold's allocator constants (shares and floor) × 0 (no fragmentation at all) and × 2.
 
+A second study runs one sweep of both models: a first round drawn from both, and each model
+scored under one factor fitted on the whole round (as shipped) or under a factor of its own.
+
 Three rules for the factor are compared: the committed one (the geometric mean of measured /
 predicted over the completed attempts), the same moved into the bounds of every outcome (every
 completed attempt predicted to fit, every OOM not: the rule until this release, which now binds
@@ -93,14 +96,17 @@ class HeldOutModel:
         """fit_correction on these attempts, as a sweep's runs.parquet would give them: rank
         0's measured peak (what the table has) against rank 0's prediction, each attempt
         judged at the limit where its most loaded stage just fits."""
+        return fit_correction(self.evidence(rows), target_of)
+
+    def evidence(self, rows: np.ndarray) -> pd.DataFrame:
+        """These attempts as `sweep.self_calibration.evidence` rows."""
         r0, o0 = self.reserved(rows)[0], self.overhead[0, rows]
-        ev = pd.DataFrame({
-            "run_id": rows.astype(str), "attempt": 1, "model": "m",
-            "outcome": np.where(self.ok[rows], "completed", "oom"),
+        return pd.DataFrame({
+            "run_id": [f"{self.b.model[0]}-{r}" for r in rows], "attempt": 1,
+            "model": self.b.model[0], "outcome": np.where(self.ok[rows], "completed", "oom"),
             "measured_reserved": np.where(self.scored[rows], self.b.measured_reserved[rows],
                                           np.nan),
             "pred_reserved": r0, "pred_overhead": o0, "limit": self.edge(rows) * r0 + o0})
-        return fit_correction(ev, target_of)
 
     def score(self, rows: np.ndarray, k: float) -> dict[str, float]:
         kept = self.edge(rows) >= k
@@ -144,6 +150,32 @@ def first_rounds(held: HeldOutModel, seeds: int) -> list[dict[str, object]]:
     return records
 
 
+def shared_or_per_model(helds: list[HeldOutModel], seeds: int) -> list[dict[str, object]]:
+    """A sweep of every model at once: a first round of N attempts drawn at random from all
+    their runs, and each model's other runs scored under one factor fitted on the whole round
+    (shared, as shipped) or under its own (fitted on its attempts alone; the shared one where
+    it measured no peak)."""
+    records: list[dict[str, object]] = []
+    sizes = [len(held.frame) for held in helds]
+    owner = np.repeat(np.arange(len(helds)), sizes)
+    index = np.concatenate([np.arange(n) for n in sizes])
+    for n in SIZES:
+        for seed in range(seeds):
+            pick = np.random.default_rng(1000 * seed + n).choice(len(owner), n, replace=False)
+            rows = [np.sort(index[pick[owner[pick] == i]]) for i in range(len(helds))]
+            shared = fit_correction(pd.concat(
+                [held.evidence(r) for held, r in zip(helds, rows, strict=True)],
+                ignore_index=True)).factor
+            for held, r in zip(helds, rows, strict=True):
+                own = fit_correction(held.evidence(r))
+                rest = np.setdiff1d(np.arange(len(held.frame)), r)
+                for rule, k in (("shared", shared),
+                                ("per model", own.factor if own.n_measured else shared)):
+                    records.append({"model": held.b.model[0], "N": n, "factor": rule,
+                                    **held.score(rest, k)})
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=8)
@@ -155,13 +187,17 @@ def main() -> None:
     runs = memcheck.read_memory_runs(data / TABLE, spec)
     whole = fit.basis(runs, spec)
     must_fit = fit_reference.llmfoundry_basis(data / "llmfoundry_mpt_benchmarks.csv")
-    records = []
-    for model in sorted(set(whole.model)):
-        fold = fit.fit_basis(whole.subset(whole.model != model), fit.GRID, must_fit).allocator
-        for scale in args.scales:
-            held = HeldOutModel(whole, model, runs.frame, fold, scale)
-            common = {"prior": f"fold x {scale:g}", "model": model}
+    records, sweeps = [], []
+    folds = {model: fit.fit_basis(whole.subset(whole.model != model), fit.GRID, must_fit).allocator
+             for model in sorted(set(whole.model))}
+    for scale in args.scales:
+        helds = [HeldOutModel(whole, model, runs.frame, fold, scale)
+                 for model, fold in folds.items()]
+        for held in helds:
+            common = {"prior": f"fold x {scale:g}", "model": held.b.model[0]}
             records += [{**common, **record} for record in first_rounds(held, args.seeds)]
+        sweeps += [{"prior": f"fold x {scale:g}", **record}
+                   for record in shared_or_per_model(helds, args.seeds)]
     table = pd.DataFrame(records)
     summary = table.groupby(["prior", "model", "draw", "N", "target"],
                             sort=False).mean(numeric_only=True)
@@ -172,7 +208,13 @@ def main() -> None:
     overall = table.groupby(["prior", "target"], sort=False).mean(numeric_only=True)
     print("\nmean over models, draws and N:")
     print(overall[["kept", "oom_pruned", "median", "p90"]].round(4).to_string())
+    both = pd.DataFrame(sweeps).groupby(["prior", "factor"], sort=False).mean(numeric_only=True)
+    print("\none sweep of both models (first round drawn from both; each model under its own "
+          "fold's constants), mean over models and N:")
+    print(both[["kept", "oom_pruned", "median", "p90"]].round(4).to_string())
     figures = []
+    for (prior, name), row in both.iterrows():
+        figures.append(f"{prior.split()[-1]}x_{name.replace(' ', '_')}_median={row['median']:.4f}")
     for (prior, name), row in overall.iterrows():
         key = f"{prior.split()[-1]}x_" + KEYS[name]
         figures += [f"{key}_kept={row['kept']:.4f}", f"{key}_oom_pruned={row['oom_pruned']:.4f}",
