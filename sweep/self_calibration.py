@@ -401,7 +401,9 @@ def describe(calibration: Calibration, changed: dict[str, int]) -> list[str]:
                      "attempt(s) that measured it (CUDA step samples, OOM messages)")
     if m.unexplained_ooms:
         lines.append(f"  {len(m.unexplained_ooms)} OOM(s) no factor explains beside the "
-                     f"completed runs, left out: {', '.join(m.unexplained_ooms)}")
+                     "completed runs (something the model does not hold ran out)"
+                     + ("" if m.n_measured else ", left out of the bounds")
+                     + f": {', '.join(m.unexplained_ooms)}")
     for reason, n in calibration.left_out.items():
         lines.append(f"  left out {n} row(s): {reason}")
     lines.append(f"  {changed['pruned_to_kept'] + changed['kept_to_pruned']} candidate(s) changed "

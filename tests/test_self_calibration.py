@@ -13,12 +13,15 @@ import yaml
 
 from sweep import space
 from sweep.self_calibration import (
+    Calibration,
     CalibrationError,
     calibrate,
     changes,
     completed_run_ids,
+    describe,
     fit_correction,
     replan,
+    residuals,
 )
 from sweep.spec import load_spec
 from sweep.units import MiB
@@ -95,6 +98,20 @@ def test_an_oom_that_contradicts_a_completed_attempt_is_left_out_not_obeyed() ->
     assert fit.unexplained_ooms == ("r1#1",) and fit.lower is None
     assert fit.factor == pytest.approx(0.25)  # the measured peak, within the upper bound 1.0
     assert fit.upper == pytest.approx(1.0)
+
+
+def test_the_plan_names_an_oom_no_factor_explains() -> None:
+    def described(ev: pd.DataFrame) -> str:
+        fit = fit_correction(ev)
+        calibration = Calibration("runs.parquet", "0" * 64, "s", "h", fit,
+                                  residuals(ev, fit.factor), {})
+        return "\n".join(describe(calibration, {"pruned_to_kept": 0, "kept_to_pruned": 0}))
+
+    measured = described(evidence(("completed", 100, 400, 500), ("oom", None, 200, 500)))
+    assert "1 OOM(s) no factor explains beside the completed runs" in measured
+    assert "r1#1" in measured and "left out of the bounds" not in measured
+    unmeasured = described(evidence(("completed", None, 400, 500), ("oom", None, 200, 500)))
+    assert "left out of the bounds: r1#1" in unmeasured
 
 
 def test_an_attempt_under_its_own_cap_or_without_a_limit_bounds_nothing() -> None:
