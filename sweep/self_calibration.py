@@ -41,10 +41,10 @@ predicted reserved peak r_i, overhead o_i + d and the memory limit L_i it ran un
 `benchmarks/self_calibration_transfer.py` measures the rules on a model the constants were not
 fitted on (a first round of 8 to 64 of its attempts, scored on the rest of its runs): the
 largest ratio keeps 2-4 % fewer of that model's successful runs than the geometric mean and
-more than doubles the error of the reserved peaks; the geometric mean bounded by every outcome (the rule
-until this release) kept fewer successful runs, pruned fewer OOMs and erred more than the
-geometric mean alone, from every prior it was given (README, "Calibrating on the sweep's own
-runs").
+more than doubles the error of the reserved peaks; the geometric mean bounded by every outcome
+(the rule until this release) kept fewer successful runs, pruned fewer OOMs and erred more
+than the geometric mean alone, from every prior it was given (README, "Calibrating on the
+sweep's own runs").
 
 The bounds are reported either way (calibration.json), with the conflicting evidence: an OOM
 whose bound is at or above a completed attempt's, so that no k explains both, is settled for the
