@@ -109,16 +109,25 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("collective_timeout", "hang", "nccl_work_timeout",
        r"Timeout at NCCL work: \d+|WorkNCCL\(.*\) timed out in blocking wait|"
        r"ran for \d+ milliseconds before timing out"),
+    # Non-blocking communicators (TORCH_NCCL_USE_COMM_NONBLOCKING=1): NCCLUtils C10D_CHECK_TIMEOUT.
+    _p("collective_timeout", "hang", "nccl_nonblocking_timeout", r"\bNCCL timeout in: \S+:\d+"),
+    # The opt-in `nccl2` backend of 2.15 (a torchcomms port; its lines start "[TC][rank=N]").
+    _p("collective_timeout", "hang", "nccl2_timeout",
+       r"\[TC\]\S* Operation timed out after \d+ ms|Aborting process on rank \d+ due to timeout - |"
+       r"\bNCCL operation timed out\b|\bNCCL \w+ failed timed out after \d+ ms|Work timed out during finalize"),
+    # ncclCommAbort itself never returned (ProcessGroupNCCL::abort's waitForFutureOrTimeout, 2.15).
+    _p("collective_timeout", "hang", "nccl_abort_timeout", r"Future for ProcessGroup abort timed out after \d+ ms"),
     # ProcessGroupNCCL's heartbeat monitor found the watchdog thread itself stuck (a CUDA or NCCL call that
-    # never returned): its 2.2 to 2.13 wordings.
+    # never returned): its 2.2 to 2.15 wordings.
     _p("collective_timeout", "hang", "nccl_heartbeat_timeout",
        r"Heartbeat monitor timed out!|watchdog got stuck for \d+ seconds without making progress|"
        r"NCCL monitor thread timeout\.|monitoring thread detects no heartbeat|"
        r"No PGNCCL's watchdog heartbeat detected|"
-       r"Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang"),
+       r"Terminating the process after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang|"
+       r"would have terminated the process ?after attempting to dump debug info, due to ProcessGroupNCCL watchdog hang"),
     _p("collective_timeout", "hang", "gloo_timeout",
        r"Timed out waiting \d+ms for (?:recv|send) operation|Application timeout caused pair closure|"
-       rf"{_GLOO_SOURCE}(?:Read|Write) timeout "),
+       rf"{_GLOO_SOURCE}(?:Read|Write) timeout |timed out in monitoredBarrier after \d+ ms"),
     _p("slurm_time_limit", "timeout", "slurm_time_limit", r"DUE TO TIME LIMIT"),
     _p("slurm_cancelled", "cancelled", "slurm_cancelled", r"\*\*\* (?:JOB|STEP) \S+ ON .+? CANCELLED AT \S+ \*\*\*"),
     _p("segfault", "crashed", "segfault",
@@ -127,7 +136,9 @@ PATTERNS: tuple[_Pattern, ...] = (
     _p("nccl_error", "crashed", "nccl_error",
        r"NCCL error|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|ncclRemoteError|unhandled system error|"
        r"unhandled cuda error|remote process exited or there was a network error|"
-       r"internal error - please report this issue to the NCCL developers"),
+       r"internal error - please report this issue to the NCCL developers|nccl hit async error|NCCL Async Error"),
+    # TORCH_NCCL_PROPAGATE_ERROR=1: a peer's error, broadcast through the store (2.15 Watchdog).
+    _p("nccl_error", "crashed", "nccl_peer_error", r"\bremote error detected from rank: \d+"),
     # NCCL's own WARN lines that report a failed call or a lost peer (not its INFO "retrying" lines).
     _p("nccl_error", "crashed", "nccl_warn",
        r"NCCL WARN .*(?:\bCall to \S.* failed\b|\b[Cc]onnect to \S+ failed\b|Connection closed by remote peer|"
@@ -135,7 +146,8 @@ PATTERNS: tuple[_Pattern, ...] = (
     # The communicator was torn down earlier; when it says why ("Original reason for failure was: ..."),
     # the reason's own words on the same line decide through an earlier rule (a timeout is a hang).
     _p("nccl_error", "crashed", "nccl_comm_aborted",
-       r"NCCL communicator was aborted on rank \d+|NCCL communicator encountered error set by ProcessGroupNCCL"),
+       r"NCCL communicator was aborted (?:on rank \d+|after a previous error)|"
+       r"NCCL communicator encountered error set by ProcessGroupNCCL"),
     # The watchdog's own lines when a collective failed or timed out; the flight-recorder dump signal says
     # "due to a collective timeout" but is also raised on an exception, so an NCCL error line outranks it.
     _p("nccl_watchdog_abort", "hang", "nccl_watchdog_abort",
@@ -143,6 +155,7 @@ PATTERNS: tuple[_Pattern, ...] = (
        r"(?:Process group|NCCL) watchdog thread terminated with exception|"
        r"(?:failure|Exception \(either an error or timeout\)) detected by watchdog at work|"
        r"Received a (?:global )?dump signal (?:due to a collective timeout )?from|"
+       r"Observed flight recorder dump signal from another rank|"
        r"ProcessGroupNCCL's watchdog detected (?:an exception|a dump signal) from|"
        r"Terminating the process after attempting to dump debug info, due to collective timeout or exception"),
     _p("cuda_error", "crashed", "cuda_error", r"CUDA error: (?!out of memory)|c10::CUDAError|CUDA_ERROR_\w+"),
@@ -150,7 +163,8 @@ PATTERNS: tuple[_Pattern, ...] = (
     # A rank waited in vain for its peers to join or to set a store key (c10d TCPStore, socket.cpp, gloo).
     _p("rendezvous_timeout", "hang", "store_wait_for_clients", r"Timed out after \d+ seconds waiting for clients"),
     _p("rendezvous_timeout", "hang", "store_wait_timeout",
-       r"(?:DistStoreError|got error): Socket Timeout|\bwait timeout after \d+ms, keys: "),
+       r"(?:DistStoreError|got error): Socket Timeout|\bwait timeout after \d+ms, keys: |"
+       r"\bbarrier timeout after \d+ms, key: "),
     _p("rendezvous_timeout", "hang", "connect_timeout",
        rf"client socket has timed out after \d+ms while trying to connect to|{_GLOO_SOURCE}Connect timeout "),
     _p("killed_by_sigkill", "crashed", "sigkill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|\(exitcode: -9\)"),
@@ -171,7 +185,8 @@ _KEYWORDS = (
     "dump signal", "watchdog thread terminated", "Terminating the process", "waiting for clients", "Socket Timeout",
     "wait timeout after", "client socket has timed out", "Read timeout", "Write timeout", "Connect timeout",
     "unhandled cuda error", "remote process exited", "please report this issue", "detected by watchdog",
-    "watchdog detected",
+    "watchdog detected", "timed out after", "Aborting process on rank", "monitoredBarrier", "barrier timeout after",
+    "remote error detected", "timed out during finalize",
 )
 _LINE_PREFIX = re.compile(r"^(?:\d+:\s+|\[(?:rank|default)\d+\]: ?|\([^)]*pid=\d+[^)]*\)\s*)+")
 _EXCEPTION = re.compile(r"^(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))(?::|$)")

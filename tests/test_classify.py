@@ -323,6 +323,10 @@ ONE_LINERS = {
     "store_wait_timeout": "torch.distributed.DistStoreError: Socket Timeout",
     "connect_timeout": "torch.distributed.DistNetworkError: The client socket has timed out after 120000ms while "
                        "trying to connect to (node1, 29500).",
+    "nccl_nonblocking_timeout": "torch.distributed.DistBackendError: NCCL timeout in: NCCLUtils.cpp:190",
+    "nccl2_timeout": "[TC][rank=1][name=0] Operation timed out after 600027 ms",
+    "nccl_abort_timeout": "[PG ID 0 PG GUID 0 Rank 2] Future for ProcessGroup abort timed out after 600000 ms",
+    "nccl_peer_error": "[PG ID 0 PG GUID 0(default_pg) Rank 5]  remote error detected from rank: 3",
 }
 
 
@@ -415,7 +419,7 @@ def test_the_collective_corpus_cites_a_source_for_every_message():
         source = entry["source"]
         # upstream, or a fork's copy of a PyTorch release line no tagged upstream file of which was readable
         assert source["repo"] in {"pytorch/pytorch", "NVIDIA/nccl", "facebookincubator/gloo", "eqy/pytorch",
-                                  "jataylo/pytorch", "hexinw-nvidia/pytorch"}, entry["id"]
+                                  "jataylo/pytorch", "hexinw-nvidia/pytorch", "cyyever/pytorch"}, entry["id"]
         assert source["path"] and str(source["ref"]) and entry["format"], entry["id"]
         assert entry["expect"]["outcome"] in OUTCOMES, entry["id"]
         assert entry.get("log") or entry.get("exception"), entry["id"]
