@@ -39,7 +39,12 @@ import pandas as pd
 
 from sweep import fit, fit_reference, memcheck
 from sweep.refdata import refdata_dir
-from sweep.self_calibration import MemoryCorrection, fit_correction, geometric_mean
+from sweep.self_calibration import (
+    MemoryCorrection,
+    fit_correction,
+    geometric_mean,
+    into_bounds,
+)
 from sweep.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,13 +59,8 @@ KEYS: Final = {"none (prior)": "prior", "geometric mean": "gmean", BOUNDED: "bou
 
 
 def bounded(correction: MemoryCorrection) -> float:
-    """The target moved into the outcomes' bounds as little as it takes."""
-    factor = correction.target
-    if correction.lower is not None:
-        factor = max(factor, correction.lower * (1 + 1e-9))
-    if correction.upper is not None:
-        factor = min(factor, correction.upper)
-    return factor
+    """The target moved into the outcomes' bounds as little as it takes (the rule before)."""
+    return into_bounds(correction.target, correction.lower, correction.upper)
 
 
 class HeldOutModel:

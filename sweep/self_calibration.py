@@ -233,6 +233,17 @@ def geometric_mean(ratios: np.ndarray) -> float:
     return float(np.exp(np.mean(np.log(ratios))))
 
 
+def into_bounds(factor: float, lower: float | None, upper: float | None) -> float:
+    """`factor` moved as little as it takes to be strictly over `lower` (every OOM predicted
+    not to fit) and at most `upper` (every completed attempt predicted to fit); None bounds
+    nothing. Rule 3 of the module docstring; the benchmark applies it to measured targets too."""
+    if lower is not None:
+        factor = max(factor, lower * (1 + _STRICT) if lower > 0 else 0.0)
+    if upper is not None:
+        factor = min(factor, upper)
+    return factor
+
+
 def fit_correction(ev: pd.DataFrame,
                    target_of: Callable[[np.ndarray], float] = geometric_mean) -> MemoryCorrection:
     """The factor of the module docstring's rule, on `evidence` rows (pure). `target_of` turns
@@ -257,12 +268,8 @@ def fit_correction(ev: pd.DataFrame,
         unexplained = explained & (edge >= upper)
         explained &= ~unexplained
     lower = float(edge[explained].max()) if explained.any() else None
-    factor = target
-    if not measured.any():  # the outcomes are all the round says about memory
-        if lower is not None:
-            factor = max(factor, lower * (1 + _STRICT) if lower > 0 else 0.0)
-        if upper is not None:
-            factor = min(factor, upper)
+    # with no measured peak the outcomes are all the round says about memory (rule 3)
+    factor = target if measured.any() else into_bounds(target, lower, upper)
     ids = ev.loc[unexplained, "run_id"].astype(str) + "#" + ev.loc[unexplained, "attempt"].astype(str)
     return MemoryCorrection(
         factor=factor, target=target, lower=lower, upper=upper,
