@@ -4,7 +4,7 @@ Only completed attempts whose numbers pass the checks of analysis.checks compete
 or collect issues saying the run's numbers disagree, rule a run out); each cell counts and names
 the runs so left out, for the marks of the heatmap and the tables. Ties break on tokens/s/GPU,
 then run id and attempt, so the choice is deterministic. A cell with no winner says why (not
-run, all OOM, …). Reads runs.parquet columns only (sweep.schema); no Slurm, no rendering.
+run, all OOM, …). Reads runs.parquet columns only (sweep.collect.schema); no Slurm, no rendering.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Final
 import pandas as pd
 
 from analysis.checks import check_failures, run_name
-from sweep.units import GiB
+from sweep.core.units import GiB
 
 METRICS: Final = ("mfu", "tokens_per_sec_per_gpu")
 CONVENTIONS: Final = ("reported", "megatron", "full_attention", "6N")

@@ -24,10 +24,10 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.schema import CONVENTIONS
+from sweep.collect.schema import CONVENTIONS
 
 MFU_COLUMNS: Final = ("mfu_reported", *(f"mfu_{c}" for c in CONVENTIONS))
-# Collect writes "differs" exactly where two sources of one number disagree (sweep.collect:
+# Collect writes "differs" exactly where two sources of one number disagree (sweep.collect.attempts:
 # _check_logged_rate, _apply_mfu); the batch question closes the tokens/s one.
 DISAGREEMENT_MARKERS: Final = ("differs", "does the run's batch match")
 MARK: Final = "!"  # beside a value in the heatmap and the tables: the cell has a run that failed

@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocat
 from analysis.best import describe, ranking_column, value_label
 from analysis.checks import check_failures
 from analysis.style import CHECK_COLOUR, OUTCOME_COLOURS, SERIES, paper_style, save
-from sweep.schema import OUTCOMES
+from sweep.collect.schema import OUTCOMES
 
 if TYPE_CHECKING:
     from matplotlib.artist import Artist

@@ -24,7 +24,7 @@ import pandas as pd
 
 from analysis.best import CONVENTIONS, best_configs, describe, ranking_column
 from analysis.checks import MFU_COLUMNS, check_failures, issues_of, run_name
-from sweep.schema import CONVENTIONS as SCHEMA_CONVENTIONS
+from sweep.collect.schema import CONVENTIONS as SCHEMA_CONVENTIONS
 
 BASIS_TOLERANCE = 0.005  # implied FLOPs/token within 0.5 % count as one basis
 EXPLAINING_COLUMNS = ("pp", "tp", "dp", "zero_stage", "mbs", "grad_acc", "cp", "nodes")

@@ -1,6 +1,6 @@
 """write_report(runs, out_dir): every figure and table of a sweep, and one index.html for them.
 
-Input is a runs.parquet table (sweep.schema) and nothing else, so the same report can be drawn
+Input is a runs.parquet table (sweep.collect.schema) and nothing else, so the same report can be drawn
 from our own sweeps and from imported published runs.
 """
 
@@ -25,7 +25,7 @@ from analysis.tables import (
     write_best_tables,
     write_failure_tables,
 )
-from sweep.schema import check_frame
+from sweep.collect.schema import check_frame
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 `analysis.report.write_report` draws from a runs table and the frames it is given; this reads
 them where a sweep keeps them: runs.parquet, and beside it the plan (why cells never ran) and a
 search's per-cell progress, when there. `sweep report`, `sweep run` (after collecting) and the
-end of a detached sweep on the cluster (`sweep.driver.collect_and_report`) all make a sweep's
+end of a detached sweep on the cluster (`sweep.search.driver.collect_and_report`) all make a sweep's
 report this way, so it lives here rather than in one of those commands; `sweep report` and the
 detached sweep's end also find the runs.parquet and say what the report holds in the same way.
 """
@@ -17,10 +17,10 @@ import pandas as pd
 
 from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC
 from analysis.report import Report, write_report
-from sweep.collect import RUNS_FILE
-from sweep.errors import UserError
-from sweep.live_search import SEARCH_PROGRESS_FILE
-from sweep.plan_file import PLAN_FILE
+from sweep.collect.attempts import RUNS_FILE
+from sweep.core.errors import UserError
+from sweep.core.state import SEARCH_PROGRESS_FILE
+from sweep.plan.plan_file import PLAN_FILE
 
 # The flag kinds a report's summary prints one by one; every flag is in index.html.
 PRINTED_FLAGS: Final = ("failed-check", "best-config-changes", "basis", "mfu-above-1",

@@ -18,11 +18,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sweep import catalog
 from sweep.cli import main
-from sweep.layout import Layout
-from sweep.provenance import collect as provenance
-from sweep.runconfig import RunConfig
+from sweep.core import catalog
+from sweep.core.layout import Layout
+from sweep.core.runconfig import RunConfig
+from sweep.job.provenance import collect as provenance
 
 MODELS = ("playbook-1b", "playbook-3b", "playbook-8b", "playbook-80b")
 NODES = (1, 2, 4, 8, 16, 32, 64)

@@ -13,7 +13,7 @@ the first model's largest micro-batch again capped at half its measured peak
 step of it, with and without recomputation, under PyTorch's MemTracker (the peak per category).
 
 It also measures what the memory model adds outside the caching allocator (`cuda_context_bytes`
-and `nccl_bytes_per_group` of sweep.memory_profiles): a fresh process brings up a one-rank NCCL
+and `nccl_bytes_per_group` of sweep.models.memory_profiles): a fresh process brings up a one-rank NCCL
 group, runs an all-reduce, a bf16 GEMM and flash attention, and reports the device memory in use
 (cudaMemGetInfo) less what the allocator reserved. With one rank NCCL sets up no peer
 connections, so this is a lower bound of a multi-GPU job's overhead.
@@ -108,14 +108,14 @@ def catalog_gpu() -> str:
     """The catalog name of GPU 0, so that MFU divides by its dense peak."""
     import torch
 
-    from sweep.catalog import device_gpu
+    from sweep.core.catalog import device_gpu
 
     if not torch.cuda.is_available():
         sys.exit(f"cuda_workload: needs a CUDA GPU; torch {torch.__version__} sees none")
     device = torch.cuda.get_device_name(0)
     found = device_gpu(device)
     if found is None:
-        sys.exit(f"cuda_workload: GPU {device!r} is not in sweep/catalog/gpus.yaml; pass --gpu NAME")
+        sys.exit(f"cuda_workload: GPU {device!r} is not in sweep/core/catalog/gpus.yaml; pass --gpu NAME")
     return found.name
 
 
@@ -179,10 +179,10 @@ def start_up(sweep_dir: Path) -> pd.DataFrame:
 
 def predicted_step(runs: pd.DataFrame, spec_path: Path) -> pd.Series:
     """The step time `sweep plan` predicts for each run: the physical throughput prior with the
-    built-in's counted memory-bound bytes (`sweep.traffic`) on the spec's GPU."""
-    from sweep.calibrate import workloads_for
-    from sweep.spec import load_spec
-    from sweep.throughput import Coefficients, predict
+    built-in's counted memory-bound bytes (`sweep.models.traffic`) on the spec's GPU."""
+    from sweep.calibration.throughput_fit import workloads_for
+    from sweep.models.throughput import Coefficients, predict
+    from sweep.plan.spec import load_spec
 
     work = workloads_for(load_spec(spec_path))
     out = pd.Series(np.nan, index=runs.index)
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     # first: seconds each, and nothing else on the GPU
     outside = outside_allocator() if gpu != "cpu" else {}
     bandwidth = hbm_bandwidth() if gpu != "cpu" else {}
-    from sweep.catalog import get_gpu
+    from sweep.core.catalog import get_gpu
 
     bandwidth["catalog_hbm_GBps"] = get_gpu(gpu).hbm_GBps or float("nan")
     print("hbm:", json.dumps(bandwidth), flush=True)

@@ -19,8 +19,8 @@ import os
 import time
 from pathlib import Path
 
-from sweep import space
-from sweep.spec import Spec, load_spec
+from sweep.plan import space
+from sweep.plan.spec import Spec, load_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SPECS = {"playbook": EXAMPLES / "playbook.yaml", "large": EXAMPLES / "llama405b-large.yaml"}

@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweep import space
-from sweep.render import render_runs
-from sweep.spec import Spec, parse_spec
+from sweep.plan import space
+from sweep.plan.render import render_runs
+from sweep.plan.spec import Spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from collect_speed import synthetic_configs  # benchmarks/ is on sys.path when run as a script
 
 from sweep.cli import main
-from sweep.collect import write_runs
-from sweep.rows import config_columns, dense_peak, mfu_columns
-from sweep.schema import SCHEMA_VERSION, to_table
+from sweep.collect.attempts import write_runs
+from sweep.collect.rows import config_columns, dense_peak, mfu_columns
+from sweep.collect.schema import SCHEMA_VERSION, to_table
 
 
 def synthetic_rows(count: int) -> list[dict]:

@@ -4,7 +4,7 @@ attempts does to the memory rule's verdicts on the rest of that model's runs.
 For each model M of the playbook's full 1B/8B table, the allocator constants are fitted without
 M (the leave-one-model-out fold of `sweep memory-check --cv model`, llm-foundry must-fit
 included). A "first round" of N of M's attempts (their outcomes and measured reserved peaks) then
-sets the factor k of `sweep.self_calibration.fit_correction`, and the rest of M's runs are
+sets the factor k of `sweep.calibration.memory_self_calibration.fit_correction`, and the rest of M's runs are
 scored with it: successful runs kept, OOM runs pruned (the point estimate's verdict: k × reserved
 + overhead against the budget, on the most loaded stage), and the |relative error| of rank 0's
 reserved peak. Two draws of the first round: `random` (uniform over M's runs), and `smallest`
@@ -37,15 +37,15 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep import fit, fit_reference, memcheck
-from sweep.refdata import refdata_dir
-from sweep.self_calibration import (
+from sweep.calibration.memory_self_calibration import (
     MemoryCorrection,
     fit_correction,
     geometric_mean,
     into_bounds,
 )
-from sweep.spec import load_spec
+from sweep.plan.spec import load_spec
+from sweep.validation import memory_check, memory_fit, memory_reference
+from sweep.validation.refdata import refdata_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = "playbook_bench_full_1B_8B.csv"
@@ -66,8 +66,8 @@ def bounded(correction: MemoryCorrection) -> float:
 class HeldOutModel:
     """One model's judged runs (every rule but memory passes) under constants fitted without it."""
 
-    def __init__(self, whole: fit.Basis, model: str, frame: pd.DataFrame,
-                 fold: fit.Allocator, scale: float) -> None:
+    def __init__(self, whole: memory_fit.Basis, model: str, frame: pd.DataFrame,
+                 fold: memory_fit.Allocator, scale: float) -> None:
         mask = ((whole.model == model) & whole.rules_ok & whole.estimated
                 & np.isin(whole.outcome, ["success", "oom"]))
         self.b = whole.subset(mask)
@@ -99,7 +99,7 @@ class HeldOutModel:
         return fit_correction(self.evidence(rows), target_of)
 
     def evidence(self, rows: np.ndarray) -> pd.DataFrame:
-        """These attempts as `sweep.self_calibration.evidence` rows."""
+        """These attempts as `sweep.calibration.memory_self_calibration.evidence` rows."""
         r0, o0 = self.reserved(rows)[0], self.overhead[0, rows]
         return pd.DataFrame({
             "run_id": [f"{self.b.model[0]}-{r}" for r in rows], "attempt": 1,
@@ -184,11 +184,11 @@ def main() -> None:
     args = parser.parse_args()
     data = refdata_dir()
     spec = load_spec(REPO / "examples" / "playbook.yaml")
-    runs = memcheck.read_memory_runs(data / TABLE, spec)
-    whole = fit.basis(runs, spec)
-    must_fit = fit_reference.llmfoundry_basis(data / "llmfoundry_mpt_benchmarks.csv")
+    runs = memory_check.read_memory_runs(data / TABLE, spec)
+    whole = memory_fit.basis(runs, spec)
+    must_fit = memory_reference.llmfoundry_basis(data / "llmfoundry_mpt_benchmarks.csv")
     records, sweeps = [], []
-    folds = {model: fit.fit_basis(whole.subset(whole.model != model), fit.GRID, must_fit).allocator
+    folds = {model: memory_fit.fit_basis(whole.subset(whole.model != model), memory_fit.GRID, must_fit).allocator
              for model in sorted(set(whole.model))}
     for scale in args.scales:
         helds = [HeldOutModel(whole, model, runs.frame, fold, scale)

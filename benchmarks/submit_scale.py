@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from sweep.backends.slurm.client import Slurm
+from sweep.backends.slurm.tracker import Tracker, submit_runs
 from sweep.cli import main
-from sweep.slurm import Slurm
-from sweep.tracker import Tracker, submit_runs
 
 SHAPES = (("1", "00:10:00"), ("2", "00:10:00"), ("4", "00:10:00"), ("1", "00:20:00"))
 JOB = """#!/bin/bash

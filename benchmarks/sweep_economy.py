@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.calibrate import workloads_for
-from sweep.cross_validation import completed_rows, leave_one_model_out, summary
-from sweep.refdata import refdata_dir
-from sweep.replay_tables import replay_table
-from sweep.search_report import score
-from sweep.spec import load_spec
-from sweep.strategies import Params, search
+from sweep.calibration.throughput_fit import workloads_for
+from sweep.plan.spec import load_spec
+from sweep.search.search_report import score
+from sweep.search.strategies import Params, search
+from sweep.validation.cross_validation import completed_rows, leave_one_model_out, summary
+from sweep.validation.refdata import refdata_dir
+from sweep.validation.replay_tables import replay_table
 
 REPO = Path(__file__).resolve().parents[1]
 REFDATA = refdata_dir()

@@ -1,5 +1,5 @@
 """The throughput prior a plan starts from, on a model it was not fitted on: the physical prior
-against the fit to nanotron's published H100 runs (what `sweep.calibrate.default_prior` gives a
+against the fit to nanotron's published H100 runs (what `sweep.calibration.throughput_fit.default_prior` gives a
 nanotron sweep on H100).
 
 For each model M of nanotron's full 1B/8B results table, the fitted prior is refitted on the
@@ -13,7 +13,7 @@ runs are ranked: this scores how well each prior orders what ran. What a search 
 the ranking costs and finds, failures included, is `sweep replay --strategy shortlist`
 (benchmarks/sweep_economy.py).
 
-Then the model sizes no fit saw: the playbook heatmap's 3B and 80B winners (`sweep.unseen_models`),
+Then the model sizes no fit saw: the playbook heatmap's 3B and 80B winners (`sweep.validation.unseen_models`),
 predicted by the shipped prior (fitted on 1B and 8B) and by the physical prior: the median and
 largest |error| below 64 nodes (the 64-node cells ran on a degraded fabric), and the worst
 predicted rank of a winner in its cell (the shortlist runs the eight best).
@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import default_prior
-from sweep.cross_validation import completed_rows_for_spec, left_out_priors
-from sweep.refdata import refdata_dir
-from sweep.spec import load_spec
-from sweep.throughput import Coefficients, Workload, predict, world_size
-from sweep.unseen_models import HEATMAP_FILE, score, summary
+from sweep.calibration.throughput_fit import default_prior
+from sweep.models.throughput import Coefficients, Workload, predict, world_size
+from sweep.plan.spec import load_spec
+from sweep.validation.cross_validation import completed_rows_for_spec, left_out_priors
+from sweep.validation.refdata import refdata_dir
+from sweep.validation.unseen_models import HEATMAP_FILE, score, summary
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = "playbook_bench_full_1B_8B.csv"

@@ -5,7 +5,7 @@ For each model M of nanotron's full 1B/8B results table, two priors stand in for
 brings to a new sweep: the physical prior (`Coefficients()`, what `sweep plan` uses without a
 `throughput.json` for every framework but nanotron on H100) and the coefficients fitted on the
 other model's runs (the leave-one-model-out fold of `sweep replay --cv model`: what a nanotron
-sweep on H100 starts from, `sweep.calibrate.default_prior`, without the model left out). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
+sweep on H100 starts from, `sweep.calibration.throughput_fit.default_prior`, without the model left out). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
 of M's runs are scored: the median and 90th percentile of |predicted / measured − 1| of
 tokens/s/GPU (nanotron's pre-fix pipeline runs and the sick-node runs left out, as every
 throughput figure). Each figure is the mean over seeds.
@@ -13,8 +13,8 @@ throughput figure). Each figure is the mean over seeds.
 Three ways to use the first round:
 - `prior`: none (the prior's own error on the rest);
 - `full refit`: every coefficient fitted on the round from the physical prior, as `sweep plan
-  --calibrate-from` did before `sweep.throughput_self_calibration` (`sweep.calibrate.fit`);
-- `self-calibration`: `sweep.throughput_self_calibration.self_calibrate` on the prior (scaled or
+  --calibrate-from` did before `sweep.calibration.throughput_self_calibration` (`sweep.calibration.throughput_fit.fit`);
+- `self-calibration`: `sweep.calibration.throughput_self_calibration.self_calibrate` on the prior (scaled or
   refitted around the scaled prior, whichever cross-validates better on the round).
 
     SWEEP_REFDATA=DIR .venv/bin/python benchmarks/throughput_self_calibration.py [--seeds 8]
@@ -29,12 +29,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibrate import fit, relative_errors
-from sweep.cross_validation import completed_rows_for_spec, left_out_priors
-from sweep.refdata import refdata_dir
-from sweep.spec import load_spec
-from sweep.throughput import Coefficients, Workload
-from sweep.throughput_self_calibration import self_calibrate
+from sweep.calibration.throughput_fit import fit, relative_errors
+from sweep.calibration.throughput_self_calibration import self_calibrate
+from sweep.models.throughput import Coefficients, Workload
+from sweep.plan.spec import load_spec
+from sweep.validation.cross_validation import completed_rows_for_spec, left_out_priors
+from sweep.validation.refdata import refdata_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = "playbook_bench_full_1B_8B.csv"

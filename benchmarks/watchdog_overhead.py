@@ -28,10 +28,10 @@ from pathlib import Path
 
 import psutil
 
-from sweep.layout import Layout
-from sweep.model import ModelShape
-from sweep.runconfig import RunConfig
-from sweep.state import atomic_write_json, new_attempt_dir, read_jsonl
+from sweep.core.layout import Layout
+from sweep.core.model import ModelShape
+from sweep.core.runconfig import RunConfig
+from sweep.core.state import atomic_write_json, new_attempt_dir, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
@@ -72,7 +72,7 @@ def supervise(root: Path, framework: str, steps: int, gap: float, hang: bool,
     run_dir, attempt = make_run(root, framework, hang_timeout_s)
     script = root / "launcher.py"
     script.write_text(f"TITAN = {TITAN!r}\n" + LAUNCHER)
-    argv = [sys.executable, "-m", "sweep.watchdog", "--run-dir", str(run_dir), "--attempt-dir",
+    argv = [sys.executable, "-m", "sweep.job.watchdog", "--run-dir", str(run_dir), "--attempt-dir",
             str(attempt), "--node-wait-s", "0", "--shm-dir", str(root / "shm"),
             "--tmp-dir", str(root / "tmp"),
             "--", sys.executable, str(script), str(steps), str(gap),

@@ -28,10 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sweep.catalog import get_model  # noqa: E402
-from sweep.layout import Layout  # noqa: E402
-from sweep.runconfig import RunConfig  # noqa: E402
-from sweep.state import atomic_write_json, read_jsonl  # noqa: E402
+from sweep.core.catalog import get_model  # noqa: E402
+from sweep.core.layout import Layout  # noqa: E402
+from sweep.core.runconfig import RunConfig  # noqa: E402
+from sweep.core.state import atomic_write_json, read_jsonl  # noqa: E402
 
 LAUNCHERS = {
     "builtin": lambda run_dir: [sys.executable, "-m", "sweep.workload", "--run-dir", str(run_dir),

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Fit the throughput model on nanotron's published H100 runs and write sweep/fitted_throughput.py.
+"""Fit the throughput model on nanotron's published H100 runs and write sweep/models/fitted_throughput.py.
 
     python scripts/fit_throughput.py            # fit on $SWEEP_REFDATA and write the module
     python scripts/fit_throughput.py --check    # fit and compare with the committed values
 
 Reads the playbook's results table (playbook_bench_full_1B_8B.csv) from the reference data
-(`sweep.refdata`), fits as `sweep calibrate` does (`sweep.throughput_reference.fit_reference`),
+(`sweep.validation.refdata`), fits as `sweep calibrate` does (`sweep.validation.throughput_reference.fit_reference`),
 scores each model by the fit to the other alone, and writes the coefficients with their
 provenance: the table's sha256, the rows fitted and left out, the in-sample and left-out
-figures, the date. tests/test_throughput_reference.py checks that this reproduces the module.
+figures, the date. tests/validation/test_throughput_reference.py checks that this reproduces the module.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sweep import throughput_reference  # noqa: E402
-from sweep.refdata import refdata_dir  # noqa: E402
-from sweep.spec import load_spec  # noqa: E402
+from sweep.plan.spec import load_spec  # noqa: E402
+from sweep.validation import throughput_reference  # noqa: E402
+from sweep.validation.refdata import refdata_dir  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for model, figures in ref.provenance["left_out_model"].items():
         print(f"  {model} left out: {figures}")
     if args.check:
-        from sweep import fitted_throughput as committed
+        from sweep.models import fitted_throughput as committed
 
         fitted = ref.coefficients.to_dict()
         same = committed.COEFFICIENTS.keys() == fitted.keys() and all(

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from sweep import __version__
-from sweep.errors import exit_code_of
+from sweep.core.errors import exit_code_of
 
 COMMANDS: dict[str, str] = {
     "plan": "enumerate and prune the configurations of a spec; write plan.parquet",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.refdata import FETCH_HINT, refdata_dir
+from sweep.validation.refdata import FETCH_HINT, refdata_dir
 from tests.slurm_sweeps import cancel_sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,13 +22,49 @@ def repo_root() -> Path:
     return REPO
 
 
+REFDATA_SKIP = "no reference data in"
+
+
 @pytest.fixture(scope="session")
 def refdata() -> Path:
     """The third-party reference data (data/README.md). Absent, the tests that need it skip:
-    a fresh clone has none, and llm-sweep does not redistribute it."""
+    a fresh clone has none, and llm-sweep does not redistribute it. Present, none may skip
+    (`pytest_sessionfinish`), so a run that has the data runs every test that needs it."""
     if not REFDATA.is_dir():
-        pytest.skip(f"no reference data in {REFDATA}: {FETCH_HINT}")
+        if os.environ.get("SWEEP_REQUIRE_REFDATA") == "1":  # .ci/run, where CI provides the data
+            pytest.fail(f"SWEEP_REQUIRE_REFDATA=1 but {REFDATA} is not a folder: {FETCH_HINT}")
+        pytest.skip(f"{REFDATA_SKIP} {REFDATA}: {FETCH_HINT}")
     return REFDATA
+
+
+# Test ids that skipped for want of the reference data. Under pytest-xdist the controller sees
+# every worker's reports through this same hook, so the count is the whole run's.
+_REFDATA_SKIPS: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and REFDATA_SKIP in str(report.longrepr):
+        _REFDATA_SKIPS.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With the data present, a test that skips for want of it is a failure: CI must run them all."""
+    if REFDATA.is_dir() and _REFDATA_SKIPS:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
+                            config: pytest.Config) -> None:
+    skipped = _REFDATA_SKIPS
+    if REFDATA.is_dir() and skipped:
+        terminalreporter.write_line(
+            f"reference data: {len(skipped)} test(s) skipped although {REFDATA} exists "
+            f"(first: {skipped[0]}); the run fails", red=True)
+    elif skipped:
+        terminalreporter.write_line(
+            f"reference data: {len(skipped)} test(s) need the third-party reference data, which a clone "
+            f"does not include, and skipped. data/README.md names each file's public source; "
+            f"{FETCH_HINT}.", yellow=True)
 
 
 def slurm_available() -> bool:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.observation import Observation
-from sweep.tracker import Tracker
+from sweep.backends.slurm.observation import Observation
+from sweep.backends.slurm.tracker import Tracker
 
 VENV_BIN = str(Path(sys.executable).parent)
 

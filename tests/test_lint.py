@@ -21,7 +21,7 @@ def _run(*command: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff() -> None:
-    result = _run("ruff", "check", "sweep", "analysis", "tests", "benchmarks")
+    result = _run("ruff", "check", "sweep", "analysis", "tests", "benchmarks", "scripts")
     if result.returncode != 0:
         pytest.fail(f"ruff found problems:\n{result.stdout}{result.stderr}", pytrace=False)
 
@@ -31,3 +31,18 @@ def test_mypy() -> None:
     result = _run("mypy")  # files and options from [tool.mypy]
     if result.returncode != 0:
         pytest.fail(f"mypy found problems:\n{result.stdout}{result.stderr}", pytrace=False)
+
+
+def test_imports_keep_the_layers() -> None:
+    """The folder tree is the architecture: `lint-imports` holds the contracts in pyproject.toml
+    (each layer imports only those below it; the job loads no numpy; nothing in the product
+    imports sweep.validation; the analysis never imports Slurm, the backends or the watchdog)."""
+    result = _run("lint-imports")
+    if result.returncode != 0:
+        pytest.fail(f"import contracts broken:\n{result.stdout}{result.stderr}", pytrace=False)
+
+
+def test_only_the_command_line_stands_directly_in_the_package() -> None:
+    """Every module of sweep/ lives in the subpackage of its job (docs/architecture.md)."""
+    loose = sorted(p.name for p in (ROOT / "sweep").glob("*.py"))
+    assert loose == ["__init__.py", "cli.py"]

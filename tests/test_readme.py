@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sweep import classify, schema
+from sweep.collect import schema
 from sweep.frameworks.matrix import capability_tables, support_matrix
+from sweep.job import classify
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sweep import proctree
-from sweep.layout import Layout
-from sweep.model import ModelShape
-from sweep.runconfig import RunConfig
-from sweep.state import atomic_write_json, new_attempt_dir, read_json, read_jsonl
+from sweep.core.layout import Layout
+from sweep.core.model import ModelShape
+from sweep.core.runconfig import RunConfig
+from sweep.core.state import atomic_write_json, new_attempt_dir, read_json, read_jsonl
+from sweep.job import proctree
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ModelShape(name="tiny", num_layers=2, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
@@ -52,7 +52,7 @@ class Run:
         self.tag = f"{config.run_id}/1"
 
     def argv(self, launcher: list[str], *options: str) -> list[str]:
-        return [sys.executable, "-m", "sweep.watchdog", "--run-dir", str(self.run_dir),
+        return [sys.executable, "-m", "sweep.job.watchdog", "--run-dir", str(self.run_dir),
                 "--attempt-dir", str(self.attempt), "--poll-s", "0.1", "--grace-s", "1",
                 "--signal-grace-s", "1", "--node-wait-s", "0", "--shm-dir", str(self.root / "shm"),
                 "--tmp-dir", str(self.root / "tmp"), *options, "--", *launcher]

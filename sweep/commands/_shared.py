@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from sweep.errors import UserError
+from sweep.core.errors import UserError
 
 
 def positive_float(text: str) -> float:
@@ -30,7 +30,7 @@ def positive(text: str) -> int:
 
 def add_top_argument(parser: argparse.ArgumentParser) -> None:
     """`--top K`, the shortlist strategy's length (shared by `run`, `submit` and `replay`)."""
-    from sweep.strategies import Params
+    from sweep.search.strategies import Params
 
     parser.add_argument("--top", type=positive, default=None, metavar="K",
                         help="shortlist: run each cell's K fastest predicted candidates, the "
@@ -54,7 +54,7 @@ def add_submit_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hold", action="store_true",
                         help="submit held (release with `scontrol release JOBID`)")
     parser.add_argument("--no-preflight", action="store_true",
-                        help="skip the preflight job (sweep.preflight) that checks, before the "
+                        help="skip the preflight job (sweep.backends.slurm.preflight) that checks, before the "
                              "first array, that the runs' interpreter, framework, GPUs and the "
                              "shared sweep folder work on the target partition")
     parser.add_argument("--preflight-timeout", type=float, default=600.0, metavar="S",

@@ -16,12 +16,12 @@ import argparse
 import json
 from pathlib import Path
 
-from sweep import runs_table
-from sweep.calibrate import error_summary, fit, relative_errors
-from sweep.coefficients_file import COEFFICIENTS_FILE, coefficients_payload
-from sweep.errors import UserError
-from sweep.spec import load_spec
-from sweep.state import atomic_write_text
+from sweep.calibration import runs_table
+from sweep.calibration.throughput_coefficients import COEFFICIENTS_FILE, coefficients_payload
+from sweep.calibration.throughput_fit import error_summary, fit, relative_errors
+from sweep.core.errors import UserError
+from sweep.core.state import atomic_write_text
+from sweep.plan.spec import load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from sweep.errors import UserError
+from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
 
 DRIVER_GONE_WAIT_S: Final = 60.0
 ACCOUNTING_WAIT_S: Final = 15.0  # for slurmdbd to record the cancel that slurmctld has made
@@ -41,7 +41,7 @@ def stop_driver(tracker: Tracker, wait_s: float = DRIVER_GONE_WAIT_S) -> list[st
     """scancel the sweep's driver and report job when Slurm still holds them, then wait until
     they have left the queue (the driver ignores SIGTERM until Slurm's KillWait sends SIGKILL).
     Callers hold the submit lock, which a dying driver cannot take to submit a round."""
-    from sweep.driver import read_record
+    from sweep.search.driver import read_record
 
     record = read_record(tracker.dir)
     jobs = [str(record[k]) for k in ("job_id", "report_job") if record.get(k)]
@@ -56,9 +56,9 @@ def stop_driver(tracker: Tracker, wait_s: float = DRIVER_GONE_WAIT_S) -> list[st
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.slurm import SlurmError
-    from sweep.submission import latest_tasks
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.submission import latest_tasks
+    from sweep.backends.slurm.tracker import Tracker
 
     states = [s.strip() for s in (args.only or "").split(",") if s.strip()]
     wrong = [s for s in states if s not in STATES]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sweep.collect_folder import collect_folder, collect_summary
+from sweep.collect.folder import collect_folder, collect_summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,10 +6,10 @@ import argparse
 import collections
 from pathlib import Path
 
-from sweep.collect import write_runs
-from sweep.errors import UserError
-from sweep.playbook_import import PlaybookFormatError, import_playbook
-from sweep.schema import to_table
+from sweep.collect.attempts import write_runs
+from sweep.collect.schema import to_table
+from sweep.core.errors import UserError
+from sweep.validation.playbook_import import PlaybookFormatError, import_playbook
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

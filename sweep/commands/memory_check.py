@@ -1,19 +1,19 @@
 """`sweep memory-check RUNS --spec SPEC [--cv model] [--json] [--write-constants FILE]`: score the
 memory model and the prune rules, and fit the allocator constants on a cluster's own runs.
 
-Reads any runs format of `sweep.memcheck` (the playbook's two CSV tables, a sweep's own
+Reads any runs format of `sweep.validation.memory_check` (the playbook's two CSV tables, a sweep's own
 runs.parquet), judges every run as the planner would, and
-prints the fields of `sweep.memcheck.FIELDS`; `--json` emits them as one JSON object, with
+prints the fields of `sweep.validation.memory_check.FIELDS`; `--json` emits them as one JSON object, with
 null where the file's format cannot give a field.
 
 `--cv model` (leave one model out): for each model of the file in turn, refits the allocator
-constants (`sweep.fit.fit_basis`, the fit that wrote sweep/fitted_constants.py, on its grid and
+constants (`sweep.validation.memory_fit.fit_basis`, the fit that wrote sweep/models/fitted_memory.py, on its grid and
 objective, with the published llm-foundry configurations as a constraint when the reference data
 has them) on the other models' runs only, and scores the model left out with them. It prints the
-fields of `sweep.memcheck.FIELDS` in-sample (the spec's constants) beside cross-validated, pooled
+fields of `sweep.validation.memory_check.FIELDS` in-sample (the spec's constants) beside cross-validated, pooled
 over every model (each run scored by the fold that left it out, against the issue's targets,
-`sweep.fit.TARGETS`) and per fold; the band of the held-out error; and, for each published table
-of `sweep.fit_reference.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
+`sweep.validation.memory_fit.TARGETS`) and per fold; the band of the held-out error; and, for each published table
+of `sweep.validation.memory_reference.PUBLISHED` in the reference data (configurations that ran, with no memory measured),
 the share predicted to fit under the in-sample constants, each fold's, and constants fitted on
 this runs file alone (without the llm-foundry constraint: that table held out too).
 
@@ -35,13 +35,13 @@ from datetime import date
 from pathlib import Path
 from typing import Final
 
-from sweep import bloom_reference, fit, fit_reference, memcheck
-from sweep.errors import UserError
-from sweep.memory_profiles import Allocator
-from sweep.refdata import refdata_dir
-from sweep.spec import Spec, load_spec
-from sweep.state import atomic_write_text, file_sha256
-from sweep.units import MiB
+from sweep.core.errors import UserError
+from sweep.core.state import atomic_write_text, file_sha256
+from sweep.core.units import MiB
+from sweep.models.memory_profiles import Allocator
+from sweep.plan.spec import Spec, load_spec
+from sweep.validation import bloom_reference, memory_check, memory_fit, memory_reference
+from sweep.validation.refdata import refdata_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     try:
-        runs = memcheck.read_memory_runs(args.runs, spec)
-    except memcheck.RunsFileError as error:
+        runs = memory_check.read_memory_runs(args.runs, spec)
+    except memory_check.RunsFileError as error:
         raise UserError(str(error)) from None
     models = sorted(map(str, runs.frame["model"].unique()))
     if args.cv == "model" and len(models) < 2:  # refused before anything is fitted or written
@@ -76,16 +76,16 @@ def run(args: argparse.Namespace) -> int:
                        else (None, None))
     if args.cv == "model":
         return _cross_validate(args, runs, spec, alone, alone_cv)
-    judged = memcheck.judge(runs, spec)
-    result = memcheck.score_judged(judged, runs.format, runs.n_skipped).to_dict()
-    by_version = memcheck.score_by_version(judged, runs.format)
+    judged = memory_check.judge(runs, spec)
+    result = memory_check.score_judged(judged, runs.format, runs.n_skipped).to_dict()
+    by_version = memory_check.score_by_version(judged, runs.format)
     if args.json:
         if by_version:
             result["by_framework_version"] = {v: c.to_dict() for v, c in by_version.items()}
         print(json.dumps(result))
         return 0
     print(f"{args.runs} ({runs.format} format) against {args.spec} ({spec.framework}):")
-    for name in memcheck.FIELDS:
+    for name in memory_check.FIELDS:
         print(f"  {name:<28} {_show(result[name])}")
     if by_version:
         print("by framework version (the runs span several: the allocator's reserve may differ "
@@ -100,46 +100,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
-                    alone_fit: fit.AllocatorFit | None = None,
-                    alone_cv: fit.CrossValidation | None = None) -> int:
+def _cross_validate(args: argparse.Namespace, runs: memory_check.Runs, spec: Spec,
+                    alone_fit: memory_fit.AllocatorFit | None = None,
+                    alone_cv: memory_fit.CrossValidation | None = None) -> int:
     """`alone_fit`, `alone_cv`: the constants fitted on this table alone and their folds, if
     `--write-constants` fitted them (without published data to constrain the folds, they are
     these folds: not fitted twice)."""
-    published = fit_reference.published_bases(refdata_dir())
-    must_fit = published.get(fit_reference.LLMFOUNDRY_FILE)
+    published = memory_reference.published_bases(refdata_dir())
+    must_fit = published.get(memory_reference.LLMFOUNDRY_FILE)
     try:
         cv = alone_cv if must_fit is None and alone_cv is not None else \
-            fit.cross_validate(runs, spec, must_fit=must_fit)
+            memory_fit.cross_validate(runs, spec, must_fit=must_fit)
         # the published configurations held out too: constants fitted on this table alone
-        alone_fit = alone_fit or fit.fit_allocator(runs, spec)
+        alone_fit = alone_fit or memory_fit.fit_allocator(runs, spec)
         alone = alone_fit.allocator
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}") from None
     columns = {"in-sample": cv.in_sample_allocator,
                **{f"without {fold.held_out}": fold.allocator for fold in cv.folds},
                "this table alone": alone}
-    published_fit = {name: {column: fit_reference.published_fit_frac(b, a) for column, a in columns.items()}
+    published_fit = {name: {column: memory_reference.published_fit_frac(b, a) for column, a in columns.items()}
                      for name, b in published.items()}
     bloom_file = refdata_dir() / bloom_reference.FILE
     bloom = ({column: bloom_reference.check(bloom_file, a) for column, a in columns.items()}
              if bloom_file.is_file() else {})
     targets = {name: {"target": f"{op} {bound}",
-                      "met": fit.meets(getattr(cv.cross_validated, name), op, bound)}
-               for name, (op, bound) in fit.TARGETS.items()}
+                      "met": memory_fit.meets(getattr(cv.cross_validated, name), op, bound)}
+               for name, (op, bound) in memory_fit.TARGETS.items()}
     if args.json:
-        print(json.dumps({"cv": "model", "objective": fit.OBJECTIVE, **cv.to_dict(),
+        print(json.dumps({"cv": "model", "objective": memory_fit.OBJECTIVE, **cv.to_dict(),
                           "targets": targets, "allocator_this_table_alone": asdict(alone),
                           "gates_met_this_table_alone": alone_fit.gates_met,
                           "published_fit_frac": published_fit,
                           "bloom": {column: c.to_dict() for column, c in bloom.items()}}))
         return 0
     constraint = "" if must_fit is not None else (
-        f" (without the published llm-foundry constraint: no {fit_reference.LLMFOUNDRY_FILE} in "
+        f" (without the published llm-foundry constraint: no {memory_reference.LLMFOUNDRY_FILE} in "
         f"{refdata_dir()})")
     print(f"{args.runs} ({runs.format} format) against {args.spec} ({spec.framework}), leave one "
           "model out: the allocator constants refitted on the other models' runs, by the objective "
-          f"of sweep.fit.OBJECTIVE{constraint}")
+          f"of sweep.validation.memory_fit.OBJECTIVE{constraint}")
     print(f"in-sample: the spec's constants ({_allocator(cv.in_sample_allocator)})")
     _table("every model, each scored by the fold that left it out", cv.in_sample,
            cv.cross_validated, targets)
@@ -148,8 +148,8 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
                f"{_allocator(fold.allocator)})", fold.in_sample, fold.cross_validated, None)
         if not fold.gates_met:
             print(f"  note: no grid point met the fit's gates on {', '.join(fold.trained_on)} "
-                  f"(keep {fit.MIN_SUCCESS_KEPT:.0%} of successes, prune "
-                  f"{fit.MIN_OOM_PRUNED:.0%} of OOMs, fit every published configuration); "
+                  f"(keep {memory_fit.MIN_SUCCESS_KEPT:.0%} of successes, prune "
+                  f"{memory_fit.MIN_OOM_PRUNED:.0%} of OOMs, fit every published configuration); "
                   "the closest point was taken")
     lo, hi = cv.band()
     print(f"held-out predicted / measured - 1 of the reserved peak, 5th..95th percentile: "
@@ -169,20 +169,20 @@ def _cross_validate(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec,
     return 0
 
 
-def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec
-                     ) -> tuple[fit.AllocatorFit, fit.CrossValidation | None]:
+def _write_constants(args: argparse.Namespace, runs: memory_check.Runs, spec: Spec
+                     ) -> tuple[memory_fit.AllocatorFit, memory_fit.CrossValidation | None]:
     """Fit the constants on RUNS alone (no published table constrains them: the runs are the
     cluster's own) and write them as spec lines, headed by their provenance and figures; the fit
     and, with `--cv model`, its folds are returned for `--cv model` to report."""
     try:
-        fitted = fit.fit_allocator(runs, spec)
+        fitted = memory_fit.fit_allocator(runs, spec)
     except ValueError as error:
         raise UserError(f"{args.runs}: {error}; --write-constants needs runs that measured "
                         "their reserved peak on a GPU") from None
     left_out = None
     if args.cv == "model":
         # the same procedure, one model left out each time: how such constants hold on a new model
-        left_out = fit.cross_validate(runs, spec)
+        left_out = memory_fit.cross_validate(runs, spec)
     versions = (sorted(runs.frame["framework_version"].dropna().astype(str).unique())
                 if "framework_version" in runs.frame else [])
     text = constants_text(fitted, source=args.runs, sha256=file_sha256(args.runs),
@@ -197,8 +197,8 @@ def _write_constants(args: argparse.Namespace, runs: memcheck.Runs, spec: Spec
     return fitted, left_out
 
 
-def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
-                   spec: Spec, spec_path: Path, left_out: fit.CrossValidation | None = None,
+def constants_text(fitted: memory_fit.AllocatorFit, *, source: Path, sha256: str, runs_format: str,
+                   spec: Spec, spec_path: Path, left_out: memory_fit.CrossValidation | None = None,
                    versions: Sequence[str] = ()) -> str:
     """The `constraints.allocator` lines of a spec, headed by comments that say what they were
     fitted on, how, and how well (in-sample, and with `left_out` each model scored by constants
@@ -227,7 +227,7 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
             f"{_cell(held.success_kept_frac)}, OOMs pruned {_cell(held.oom_pruned_frac)}, "
             f"reserved peak median / p90 |error| {_cell(held.reserved_median_abs_rel_err)} / "
             f"{_cell(held.reserved_p90_abs_rel_err)}; band (predicted / measured - 1, "
-            f"{fit.BAND_QUANTILES[0]:.0%}..{fit.BAND_QUANTILES[1]:.0%} percentile): {low:+.4f} .. "
+            f"{memory_fit.BAND_QUANTILES[0]:.0%}..{memory_fit.BAND_QUANTILES[1]:.0%} percentile): {low:+.4f} .. "
             f"{high:+.4f}, for the memory rule's probes")
     else:
         notes.append("# no band: the probes use the shipped constants' left-out band; with runs of "
@@ -235,7 +235,7 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
     at_edge = [f"{name} {value:g}" for name, value in fitted.at_edge().items()]
     if at_edge:
         notes.append(f"# at the grid's largest value: {', '.join(at_edge)}, after widening it as "
-                     "far as a spec allows or sweep.fit.MAX_WIDENINGS times; the best fit may lie "
+                     "far as a spec allows or sweep.validation.memory_fit.MAX_WIDENINGS times; the best fit may lie "
                      "beyond it, so these constants may still under-predict the reserve")
     if len(versions) > 1:
         notes.append(f"# the runs span framework versions {', '.join(versions)}: the allocator's "
@@ -246,9 +246,9 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         f"# runs: {source} (sha256 {sha256}, {runs_format} format), {fitted.rows} successful "
         f"run(s) with a measured reserved peak; framework {spec.framework}, GPU {spec.gpu}",
         f"# fit: {fitted.points} grid points ({_grid_source(fitted)}), objective "
-        "sweep.fit.OBJECTIVE "
+        "sweep.validation.memory_fit.OBJECTIVE "
         "without the published llm-foundry constraint; gates (keep "
-        f"{fit.MIN_SUCCESS_KEPT:.0%} of successes, prune {fit.MIN_OOM_PRUNED:.0%} of OOMs) met: "
+        f"{memory_fit.MIN_SUCCESS_KEPT:.0%} of successes, prune {memory_fit.MIN_OOM_PRUNED:.0%} of OOMs) met: "
         f"{gates}",
         f"# in-sample: successes kept {f.success_kept_frac:.4f}, OOMs pruned {oom}, reserved "
         f"peak median / p90 |error| {f.reserved_median_abs_rel_err:.4f} / "
@@ -265,14 +265,14 @@ def constants_text(fitted: fit.AllocatorFit, *, source: Path, sha256: str, runs_
         ""])
 
 
-def _grid_source(fitted: fit.AllocatorFit) -> str:
-    """sweep.fit.GRID, and which axes the fit widened because it reached their largest value."""
+def _grid_source(fitted: memory_fit.AllocatorFit) -> str:
+    """sweep.validation.memory_fit.GRID, and which axes the fit widened because it reached their largest value."""
     if not fitted.widened:
-        return "sweep.fit.GRID"
+        return "sweep.validation.memory_fit.GRID"
     described = fitted.grid.describe()
     wider = ", ".join(f"{name} to {described[name]['last']:g} ({times} widening"
                       f"{'s' if times > 1 else ''})" for name, times in Counter(fitted.widened).items())
-    return f"sweep.fit.GRID widened where the fit reached its largest value: {wider}"
+    return f"sweep.validation.memory_fit.GRID widened where the fit reached its largest value: {wider}"
 
 
 BLOOM_ROWS: Final = (
@@ -287,7 +287,7 @@ BLOOM_ROWS: Final = (
 
 
 def _bloom_table(bloom: dict[str, bloom_reference.BloomCheck]) -> None:
-    """BLOOM-176B's topology sweep (sweep.bloom_reference) under each column's constants."""
+    """BLOOM-176B's topology sweep (sweep.validation.bloom_reference) under each column's constants."""
     first = next(iter(bloom.values()))
     print(f"BLOOM-176B's topology sweep ({bloom_reference.FILE}: Megatron-DeepSpeed, A100 80 GB; "
           f"{first.n_success} successes, {first.n_measured} with a measured peak, {first.n_oom} "
@@ -301,12 +301,12 @@ def _allocator(a: Allocator | None) -> str:
     return "none" if a is None else a.describe()
 
 
-def _table(title: str, in_sample: memcheck.MemoryCheck, held_out: memcheck.MemoryCheck,
+def _table(title: str, in_sample: memory_check.MemoryCheck, held_out: memory_check.MemoryCheck,
            targets: dict[str, dict[str, str | bool | None]] | None) -> None:
     print(title)
     print(f"  {'':<28} {'in-sample':>10} {'cross-validated':>16}" + ("  target" if targets else ""))
     a, b = in_sample.to_dict(), held_out.to_dict()
-    for name in memcheck.FIELDS:
+    for name in memory_check.FIELDS:
         line = f"  {name:<28} {_cell(a[name]):>10} {_cell(b[name]):>16}"
         if targets and name in targets:
             met = targets[name]["met"]

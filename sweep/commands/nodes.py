@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.errors import UserError
+from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
-    from sweep.submission import NodeRecord
+    from sweep.backends.slurm.submission import NodeRecord
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def node_names(flag: str, values: Sequence[str]) -> list[str]:
     """The nodes of `--flag` host lists; a name that Slurm would not accept is an input error."""
-    from sweep.shims.hostlist import expand
+    from sweep.core.hostlist import expand
 
     names: list[str] = []
     for value in values:
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
 
     forgive, exclude = node_names("--forgive", args.forgive), node_names("--exclude", args.exclude)
     both = sorted(set(forgive) & set(exclude))

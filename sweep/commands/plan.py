@@ -7,8 +7,8 @@ kept configuration and writes nothing.
 
 `--calibrate-from RUNS` (a runs.parquet of this sweep's own attempts) corrects the memory model
 and calibrates the throughput model on them, re-plans, and records both in DIR/calibration.json
-and DIR/throughput.json (`sweep.plan_calibration`). What is printed about the plan comes from
-`sweep.plan_summary`.
+and DIR/throughput.json (`sweep.calibration.plan_calibration`). What is printed about the plan comes from
+`sweep.plan.plan_summary`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sweep import self_calibration, space
-from sweep.coefficients_file import COEFFICIENTS_FILE
-from sweep.errors import UserError
-from sweep.plan_calibration import calibrate_plan
-from sweep.plan_file import PLAN_FILE, write_plan
-from sweep.plan_summary import (
+from sweep.calibration import memory_self_calibration
+from sweep.calibration.plan_calibration import calibrate_plan
+from sweep.calibration.throughput_coefficients import COEFFICIENTS_FILE
+from sweep.core.errors import UserError
+from sweep.core.state import atomic_write_text
+from sweep.plan import space
+from sweep.plan.plan_file import PLAN_FILE, write_plan
+from sweep.plan.plan_summary import (
     TextTable,
     allocator_notes,
     axes_beyond_constraints,
@@ -36,8 +38,7 @@ from sweep.plan_summary import (
     summary_table,
     unmatched_overrides,
 )
-from sweep.spec import load_spec
-from sweep.state import atomic_write_text
+from sweep.plan.spec import load_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="runs.parquet of this sweep's own attempts: correct the memory "
                              "model with their measured peaks and outcomes, calibrate the "
                              "throughput model on their step times, re-plan, and record both "
-                             f"in <out>/{self_calibration.CALIBRATION_FILE}")
+                             f"in <out>/{memory_self_calibration.CALIBRATION_FILE}")
 
 
 def run(args: argparse.Namespace) -> int:

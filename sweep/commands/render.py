@@ -3,7 +3,7 @@
 The plan comes from `--plan`, else from DIR/plan.parquet when `sweep plan` wrote it for this very
 spec (DIR/spec.yaml carries the spec hash), else the spec is planned now and the plan written
 as `sweep plan` would, so that a sweep folder always holds the plan its runs came from.
-`sweep.render_sweep.render_sweep` is that whole step; `sweep run` and `sweep submit SPEC` call
+`sweep.search.render_sweep.render_sweep` is that whole step; `sweep run` and `sweep submit SPEC` call
 it too.
 """
 
@@ -13,7 +13,7 @@ import argparse
 import time
 from pathlib import Path
 
-from sweep.render_sweep import render_sweep
+from sweep.search.render_sweep import render_sweep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

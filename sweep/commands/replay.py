@@ -9,7 +9,7 @@ plus one step. Skips are counted as proofs (`pruned:`, an OOM rules them out) or
 (`heuristic:`), with how many of each the published sweep shows completed; adaptive replays
 also count the launches its floor forced and the ones its model chose.
 
-With `--cv model`, leave-one-model-out (`sweep.cross_validation`): for each model in turn, the
+With `--cv model`, leave-one-model-out (`sweep.validation.cross_validation`): for each model in turn, the
 throughput model is fitted and the search's settings (adaptive: floor and band; `--strategy
 shortlist`: its length) are chosen on the other models only, and the model is replayed from
 them; its prediction error (median and p90 of |pred − meas| / meas over completed runs;
@@ -26,17 +26,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.calibrate import model_names_for, workloads_for
-from sweep.coefficients_file import load_coefficients
+from sweep.calibration.runs_table import normalise_runs, read_runs_frame
+from sweep.calibration.throughput_coefficients import load_coefficients
+from sweep.calibration.throughput_fit import model_names_for, workloads_for
 from sweep.commands._shared import add_top_argument, shortlist_top
-from sweep.cross_validation import completed_rows, leave_one_model_out, summary
-from sweep.errors import UserError
-from sweep.replay_tables import Replay, normalise_runs, replay_table
-from sweep.runs_table import read_runs_frame
-from sweep.search_report import score
-from sweep.spec import load_spec
-from sweep.strategies import STRATEGIES, Params, search
-from sweep.throughput import Coefficients, Workload
+from sweep.core.errors import UserError
+from sweep.models.throughput import Coefficients, Workload
+from sweep.plan.spec import load_spec
+from sweep.search.search_report import score
+from sweep.search.strategies import STRATEGIES, Params, search
+from sweep.validation.cross_validation import completed_rows, leave_one_model_out, summary
+from sweep.validation.replay_tables import Replay, replay_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

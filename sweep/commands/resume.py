@@ -4,7 +4,7 @@ Default: every failure class except oom (a configuration that does not fit will 
 time either), and every run never submitted (a submit that was killed midway). A completed run,
 or one pending or running, is never submitted again, so resume twice in a row is safe.
 
-A one-round sweep is first re-planned from its own attempts (`sweep.round_calibration`; off with
+A one-round sweep is first re-planned from its own attempts (`sweep.search.round_calibration`; off with
 --no-calibrate): the memory model is refitted on them, and the runs the re-plan keeps for the
 first time are rendered and submitted with the rest. A detached search (`sweep submit --strategy
 pruned|adaptive|shortlist`) is resumed by its driver, which recalibrates before its first round:
@@ -23,16 +23,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweep.commands._shared import add_submit_options
-from sweep.driver import read_progress, read_record, report_after
-from sweep.errors import UserError
-from sweep.plan_file import budget_cap
+from sweep.core.errors import UserError
+from sweep.plan.plan_file import budget_cap
+from sweep.search.driver import read_progress, read_record, report_after
 
 if TYPE_CHECKING:
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from sweep.submission import NEVER_SUBMITTED, OUTCOMES
+    from sweep.backends.slurm.submission import NEVER_SUBMITTED, OUTCOMES
 
     parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
     choices = [c for c in (*OUTCOMES, NEVER_SUBMITTED) if c != "completed"]
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: all but oom)")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="do not refit the memory model on the sweep's attempts and "
-                             "re-plan before resubmitting (sweep.round_calibration)")
+                             "re-plan before resubmitting (sweep.search.round_calibration)")
     add_submit_options(parser)
 
 
@@ -58,7 +58,7 @@ def classes(allowed: list[str]):  # noqa: ANN201 - an argparse type
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
 
     tracker = Tracker(args.sweep_dir)
     cap = budget_cap(tracker.dir, args.max_gpu_hours)
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if searched and not _search_over(tracker, record, cap):
         return _resume_search(tracker, record, cap, args)
     if not (args.dry_run or args.no_preflight):
-        from sweep.preflight import ensure_passed
+        from sweep.backends.slurm.preflight import ensure_passed
 
         ensure_passed(args.sweep_dir, args.preflight_timeout,
                       say=lambda line: print(line, flush=True))
@@ -79,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
 def _recalibrate(folder: Path, *, enabled: bool) -> None:
     """A one-round sweep learns from its attempts here: collect, refit the memory model on them,
     re-plan, and render what the re-plan keeps for the first time; those runs are then never
-    submitted, so `_resume_runs` submits them (sweep.round_calibration)."""
+    submitted, so `_resume_runs` submits them (sweep.search.round_calibration)."""
     import pandas as pd
 
-    from sweep.collect import update_runs
-    from sweep.plan_file import PLAN_FILE, SPEC_COPY
-    from sweep.round_calibration import for_search
-    from sweep.spec import load_spec
+    from sweep.collect.attempts import update_runs
+    from sweep.plan.plan_file import PLAN_FILE, SPEC_COPY
+    from sweep.plan.spec import load_spec
+    from sweep.search.round_calibration import for_search
 
     if not enabled or not (folder / PLAN_FILE).is_file() or not (folder / SPEC_COPY).is_file():
         return
@@ -121,9 +121,9 @@ def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) ->
 def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
                    args: argparse.Namespace) -> int:
     """A new driver for a search whose driver died (UserError while the old one is live)."""
-    from sweep.driver import SearchOptions, start_driver
-    from sweep.plan_file import driver_settings
-    from sweep.slurm import SlurmError
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.plan.plan_file import driver_settings
+    from sweep.search.driver import SearchOptions, start_driver
 
     recorded = SearchOptions(**record["options"])
     options = replace(recorded, max_gpu_hours=cap,
@@ -145,9 +145,9 @@ def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
 def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, *,
                  skip_never_submitted: bool) -> int:
     """Resubmit the failed runs of the chosen classes, under the cap."""
-    from sweep.slurm import SlurmError
-    from sweep.submission import NEVER_SUBMITTED, counts_by, resumable
-    from sweep.tracker import LEFT_OUT_FILE, submit_runs
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.submission import NEVER_SUBMITTED, counts_by, resumable
+    from sweep.backends.slurm.tracker import LEFT_OUT_FILE, submit_runs
 
     try:
         with tracker.lock():

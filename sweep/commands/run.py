@@ -4,7 +4,7 @@ plan → render → run every job.sbatch through the local backend (the scripts 
 run, with Slurm's environment emulated) → collect → report. Runs that already have a verdict are
 not run again, so a second `sweep run` on a finished sweep does nothing, and one after an
 interruption (Ctrl-C, `kill`) finishes the rest. With `--strategy pruned|adaptive|shortlist` the
-search of sweep.strategies picks the runs, round by round, and what it skipped is written beside
+search of sweep.search.strategies picks the runs, round by round, and what it skipped is written beside
 runs.parquet.
 """
 
@@ -25,19 +25,19 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sweep.backends import Rounds
-from sweep.calibrate import workloads_for
-from sweep.coefficients_file import sweep_coefficients
+from sweep.backends.base import Rounds
+from sweep.backends.local.backend import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
+from sweep.backends.slurm.preflight import visible_gpu_ids
+from sweep.calibration.throughput_coefficients import sweep_coefficients
+from sweep.calibration.throughput_fit import workloads_for
 from sweep.commands._shared import add_top_argument, shortlist_top
-from sweep.errors import UserError
-from sweep.live_search import search_sweep
-from sweep.local import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
-from sweep.preflight import visible_gpu_ids
-from sweep.render_sweep import Rendered, render_sweep
-from sweep.round_calibration import for_search
-from sweep.runconfig import load as load_run
-from sweep.state import LockHeld
-from sweep.strategies import STRATEGIES, Params
+from sweep.core.errors import UserError
+from sweep.core.runconfig import load as load_run
+from sweep.core.state import LockHeld
+from sweep.search.live_search import search_sweep
+from sweep.search.render_sweep import Rendered, render_sweep
+from sweep.search.round_calibration import for_search
+from sweep.search.strategies import STRATEGIES, Params
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-calibrate", action="store_true",
                         help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
-                             "round (sweep.round_calibration)")
+                             "round (sweep.search.round_calibration)")
 
 
 class RunProgress:
@@ -185,7 +185,7 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
     if search is not None:
         console.print(search.summary(out), highlight=False, soft_wrap=True)
 
-    from sweep.collect import update_runs
+    from sweep.collect.attempts import update_runs
 
     result, runs_path = update_runs(out)
     outcomes = result.table.column("outcome").value_counts().to_pylist()

@@ -17,12 +17,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sweep.errors import UserError
+from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
-    from sweep.driver import DriverView
-    from sweep.observation import Observation
-    from sweep.submission import RunState
+    from sweep.backends.slurm.observation import Observation
+    from sweep.backends.slurm.submission import RunState
+    from sweep.search.driver import DriverView
 
 FAILED = ("oom", "hang", "timeout", "crashed", "node_fail", "cancelled", "preempted", "unknown",
           "lost")
@@ -43,8 +43,8 @@ def gpu_hours(observation: Observation, skipped: frozenset[str] = frozenset()
     """(used, remaining estimate). Used: elapsed x GPUs of every run's latest attempt. Remaining:
     each run still to finish (in flight, never submitted, or failed but resumable) at the median
     elapsed time of completed runs of its (model, nodes), else at its time limit; not the runs
-    in `skipped`, which a search chose not to run (`sweep.sweep_folder.skipped_by_search`)."""
-    from sweep.submission import NOT_RESUMED_BY_DEFAULT
+    in `skipped`, which a search chose not to run (`sweep.backends.slurm.sweep_folder.skipped_by_search`)."""
+    from sweep.backends.slurm.submission import NOT_RESUMED_BY_DEFAULT
 
     infos = observation.infos
     used = 0.0
@@ -74,7 +74,7 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float,
     from the runs still to submit."""
     from rich.table import Table
 
-    from sweep.submission import counts_by
+    from sweep.backends.slurm.submission import counts_by
 
     states = observation.states
 
@@ -165,11 +165,11 @@ def _cells(progress: dict[str, object]) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from sweep.driver import observe_driver
-    from sweep.round_calibration import describe_latest
-    from sweep.slurm import SlurmError
-    from sweep.sweep_folder import skipped_by_search
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.sweep_folder import skipped_by_search
+    from sweep.backends.slurm.tracker import Tracker
+    from sweep.search.driver import observe_driver
+    from sweep.search.round_calibration import describe_latest
 
     tracker = Tracker(args.sweep_dir)
     console = Console()

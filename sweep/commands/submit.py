@@ -5,9 +5,9 @@ already rendered. Runs of one resource shape go into one array (split at MaxArra
 by MaxJobCount and MaxSubmitJobs); each task runs its run's own job.sbatch. Runs this sweep has
 submitted before are never submitted again (that is `sweep resume`'s job, for failed ones).
 
-With `--strategy pruned|adaptive|shortlist` the search of sweep.strategies picks the runs, round by
+With `--strategy pruned|adaptive|shortlist` the search of sweep.search.strategies picks the runs, round by
 round.
-Detached (the default for a search), a small CPU job on the cluster runs it (`sweep.driver`) and
+Detached (the default for a search), a small CPU job on the cluster runs it (`sweep.search.driver`) and
 this command exits in seconds; `--foreground` runs it here: submits a round, waits for it
 (polling as `sweep status` does), collects, and picks the next; interrupted and started again, it
 waits for what is in flight and goes on. A one-round (exhaustive) sweep gets a report job that
@@ -15,7 +15,7 @@ collects and reports after its arrays (`--no-report`: none).
 
 Before anything is submitted the sweep's estimated and worst-case GPU-hours are printed;
 `--max-gpu-hours` (or the spec's `max_gpu_hours`) caps them, and a worst case above
-sweep.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask).
+sweep.plan.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweep.commands._shared import add_submit_options, add_top_argument, shortlist_top
-from sweep.errors import UserError
-from sweep.plan_file import budget_cap, driver_settings
-from sweep.strategies import STRATEGIES
+from sweep.core.errors import UserError
+from sweep.plan.plan_file import budget_cap, driver_settings
+from sweep.search.strategies import STRATEGIES
 
 if TYPE_CHECKING:
-    from sweep.driver import SearchOptions
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
+    from sweep.search.driver import SearchOptions
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-calibrate", action="store_true",
                         help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
-                             "round (sweep.round_calibration)")
+                             "round (sweep.search.round_calibration)")
     add_submit_options(parser)
 
 
@@ -68,7 +68,7 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
         return target
     if not target.is_file():
         raise UserError(f"{target}: no such spec file or sweep folder")
-    from sweep.render_sweep import render_sweep
+    from sweep.search.render_sweep import render_sweep
 
     rendered = render_sweep(target, out)
     print(f"rendered {rendered.counts} from {rendered.plan_source} into "
@@ -85,14 +85,14 @@ def run(args: argparse.Namespace) -> int:
                         "--dry-run shows the driver it would submit)")
     if args.poll_s <= 0:
         raise UserError(f"--poll-s: must be positive, got {args.poll_s}")
-    from sweep.tracker import Tracker
+    from sweep.backends.slurm.tracker import Tracker
 
     folder = sweep_folder(args.target, args.out)
     tracker = Tracker(folder)
     cap = budget_cap(folder, args.max_gpu_hours)
     announce_budget(tracker, cap, args)
     if not (args.dry_run or args.no_preflight):
-        from sweep.preflight import ensure_passed
+        from sweep.backends.slurm.preflight import ensure_passed
 
         ensure_passed(folder, args.preflight_timeout, say=lambda line: print(line, flush=True))
     if args.strategy == "exhaustive":
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions:
-    from sweep.driver import SearchOptions
+    from sweep.search.driver import SearchOptions
 
     return SearchOptions(strategy=args.strategy, top=shortlist_top(args),
                          max_running=args.max_running,
@@ -119,7 +119,7 @@ def step_times(folder: Path) -> dict[str, float]:
     """The plan's predicted step time of each run (run id → seconds), where it has one."""
     import pandas as pd
 
-    from sweep.plan_file import PLAN_FILE
+    from sweep.plan.plan_file import PLAN_FILE
 
     path = folder / PLAN_FILE
     if not path.is_file():
@@ -137,8 +137,8 @@ def announce_budget(tracker: Tracker, cap: float | None, args: argparse.Namespac
     no terminal to ask and no --yes)."""
     import sys
 
-    from sweep.budget import capped_worst, confirmation, estimate
-    from sweep.submission import latest_tasks
+    from sweep.backends.slurm.submission import latest_tasks
+    from sweep.plan.budget import capped_worst, confirmation, estimate
 
     seen = latest_tasks(tracker.submissions())
     todo = [r for r in tracker.run_ids() if r not in seen]
@@ -165,10 +165,10 @@ def announce_budget(tracker: Tracker, cap: float | None, args: argparse.Namespac
 def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argparse.Namespace,
                 started: float) -> int:
     """One round: every run not submitted before, under the cap, then the report job."""
-    from sweep.driver import report_after
-    from sweep.slurm import SlurmError
-    from sweep.submission import latest_tasks
-    from sweep.tracker import LEFT_OUT_FILE, submit_runs
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.submission import latest_tasks
+    from sweep.backends.slurm.tracker import LEFT_OUT_FILE, submit_runs
+    from sweep.search.driver import report_after
 
     try:
         with tracker.lock():
@@ -203,8 +203,8 @@ def _submit_all(folder: Path, tracker: Tracker, cap: float | None, args: argpars
 def _detach(folder: Path, tracker: Tracker, options: SearchOptions, dry_run: bool,
             started: float) -> int:
     """Submit the search driver and say how to follow it."""
-    from sweep.driver import DRIVER_DIR, start_driver
-    from sweep.slurm import SlurmError
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.search.driver import DRIVER_DIR, start_driver
 
     settings = driver_settings(folder)
     where = settings.partition or "the default partition"
@@ -230,10 +230,10 @@ def _detach(folder: Path, tracker: Tracker, options: SearchOptions, dry_run: boo
 def _foreground(folder: Path, options: SearchOptions) -> int:
     """The search in this process (the same code the driver runs); as before detached sweeps,
     it neither collects nor reports at the end."""
-    from sweep.driver import search_on_slurm
-    from sweep.observation import Observation
-    from sweep.slurm import SlurmError
-    from sweep.submission import counts_by
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.observation import Observation
+    from sweep.backends.slurm.submission import counts_by
+    from sweep.search.driver import search_on_slurm
 
     def report(observation: Observation) -> None:
         counts = counts_by(observation.states)

@@ -5,7 +5,7 @@ An adapter is one folder, `sweep/frameworks/<name>/`, whose `__init__.py` export
 
 - the launch templates (`templates/launch/<name>.*.j2`, overridable by the user file by file);
 - the log parser (`parser.py`), which reads the framework's own step and memory lines;
-- the memory profile (`sweep.memory_profiles.PROFILES[<name>]`) and the FLOPs convention it logs;
+- the memory profile (`sweep.models.memory_profiles.PROFILES[<name>]`) and the FLOPs convention it logs;
 - the capability table (`capabilities.py`): each configuration the framework cannot run as
   labelled, as a vectorised rule with the framework's own reason and where in its source it is;
 - the versions it renders for, and how a job finds the version it is about to run;
@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Literal
 
-from sweep.logs.base import LogParser
-from sweep.memory_profiles import PROFILES, MemoryProfile
-from sweep.model import ModelShape
+from sweep.core.model import ModelShape
+from sweep.frameworks.log_parser import LogParser
+from sweep.models.memory_profiles import PROFILES, MemoryProfile
 
 # numpy is imported where the rules run, not here: the watchdog reads the built-in adapter inside
 # the job's memory cgroup, where the 11 MiB numpy costs can decide which process the kernel kills
@@ -40,7 +40,7 @@ Columns = Mapping[str, "np.ndarray"]
 class CapabilityContext:
     """What a capability rule may look at besides the candidate columns.
 
-    The columns are those of `sweep.space`: dp, tp, pp, cp, ep, mbs, grad_acc, zero_stage,
+    The columns are those of `sweep.plan.space`: dp, tp, pp, cp, ep, mbs, grad_acc, zero_stage,
     vpp, nodes, gpus (int64), sp (bool), recompute ("none" | "selective" | "full") and
     pp_schedule ("1f1b" | "gpipe" | "interleaved_1f1b"), one entry per candidate.
     """
@@ -51,9 +51,9 @@ class CapabilityContext:
     gpus_per_node: int
     global_batch_sequences: int
     framework_version: str  # a key of the adapter's `versions`
-    overlap_communication: bool = True  # run.overlap_communication (sweep/spec.py)
+    overlap_communication: bool = True  # run.overlap_communication (sweep/plan/spec.py)
     tp_comm_overlap: bool = False  # run.tp_comm_overlap
-    gpu: str = ""  # the catalog GPU name (sweep/catalog/gpus.yaml), "cpu" for CPU runs
+    gpu: str = ""  # the catalog GPU name (sweep/core/catalog/gpus.yaml), "cpu" for CPU runs
 
 
 @dataclass(frozen=True)
@@ -102,29 +102,29 @@ class FrameworkAdapter:
     checkout_env: str = ""  # the environment variable that points the launcher at a checkout
     notes: tuple[str, ...] = field(default=())
     # How the framework places a model on `stages` pipeline stages: whether every stage gets a
-    # block (sweep.space's pp_layers rule asks; each adapter answers from its framework's code).
+    # block (sweep.plan.space's pp_layers rule asks; each adapter answers from its framework's code).
     pipeline_fits: Callable[[ModelShape, int], bool] = field(default=lambda model, stages: True)
     expert_parallel: bool = True  # implements ep > 1 for mixture-of-experts models
     shards_need_divisibility: bool = False  # tp must divide the FFN and the vocabulary (no padding)
     # 1F1B needs at least pp - offset micro-batches per step (Megatron and nanotron: pp - 1).
     one_f_one_b_microbatch_offset: int = 1
-    # True: the run writes its own step records and summary (sweep.state.METRICS_FILE) and stops
+    # True: the run writes its own step records and summary (sweep.core.state.METRICS_FILE) and stops
     # itself after `run.steps` or early (sweep.workload); the watchdog and collect read that file.
     # False: its log lines are the record (`parser`), and the watchdog ends it early
-    # (sweep.early_stop) when `run.early_stop` says so.
+    # (sweep.job.early_stop) when `run.early_stop` says so.
     writes_metrics_file: bool = False
     bundled: bool = False  # the framework is this llm-sweep installation: its version is ours
-    package: str = ""  # its Python distribution, when installed as one (sweep.provenance.PACKAGES)
-    # Which of sweep.traffic's byte counts its element-wise kernels move: the frameworks' fused
+    package: str = ""  # its Python distribution, when installed as one (sweep.job.provenance.PACKAGES)
+    # Which of sweep.models.traffic's byte counts its element-wise kernels move: the frameworks' fused
     # kernels, or PyTorch's eager operators (counted on the built-in workload).
     kernels: Literal["fused", "eager"] = "fused"
     # Bytes of one gradient element in the data-parallel reduction, by the framework's default
-    # (sweep.throughput's gradient traffic).
+    # (sweep.models.throughput's gradient traffic).
     grad_reduce_bytes: int = 4
 
     @property
     def memory_profile(self) -> MemoryProfile:
-        """The memory model's profile of this framework (sweep.memory_profiles)."""
+        """The memory model's profile of this framework (sweep.models.memory_profiles)."""
         return PROFILES[self.name]
 
     def version(self, key: str | None) -> SupportedVersion:
@@ -135,26 +135,5 @@ class FrameworkAdapter:
         known = ", ".join(v.key for v in self.versions)
         raise ValueError(f"{self.name} has no supported version {wanted!r}; supported: {known}")
 
-    def capability_failures(self, columns: Columns,
-                            ctx: CapabilityContext) -> tuple[np.ndarray, np.ndarray]:
-        """(failed, rule index): which candidates a capability rule rejects, and the first rule
-        each fails (-1 where none does)."""
-        import numpy as np
-
-        n = len(columns["tp"])
-        first = np.full(n, -1, dtype=np.int16)
-        for index, rule in enumerate(self.capabilities):
-            mask = np.asarray(rule.fails(columns, ctx), dtype=bool)
-            if mask.shape != (n,):
-                mask = np.broadcast_to(mask, (n,))
-            first[(first == -1) & mask] = index
-        return first >= 0, first
-
 
 NO_RULE: Final = -1
-
-
-def never(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
-    import numpy as np
-
-    return np.zeros(len(columns["tp"]), bool)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Final
 
-# The first words of every line by which a launcher refuses to start (sweep.classify knows them).
+# The first words of every line by which a launcher refuses to start (sweep.job.classify knows them).
 LAUNCH_REFUSED: Final = "llm-sweep: cannot launch:"
 
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:  # an unknown framework or version key: a hand-edited script
         problem = str(error)
     if args.out:
-        from sweep.state import atomic_write_json
+        from sweep.core.state import atomic_write_json
 
         atomic_write_json(Path(args.out), {**asdict(detected), "framework": args.framework,
                                            "wanted": args.want, "refused": problem})

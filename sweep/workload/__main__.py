@@ -22,8 +22,8 @@ from pathlib import Path
 
 import psutil
 
-from sweep import runconfig
-from sweep.runconfig import RunConfig
+from sweep.core import runconfig
+from sweep.core.runconfig import RunConfig
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ A `TorchDispatchMode` sees every ATen operator a step runs. For each one that is
 attention (their time is the FLOP count's) and not a view (a view moves nothing), it adds the
 bytes of the tensors it reads and writes. An eager step launches one kernel per operator, so
 this is what it streams through memory, on CPU as on CUDA, up to what a cache keeps. The
-throughput model's counts for the built-in workload (`sweep.traffic.BUILTIN`) are read off
+throughput model's counts for the built-in workload (`sweep.models.traffic.BUILTIN`) are read off
 these figures by `scripts/count_traffic.py`; tests/workload/test_memory_traffic.py checks them on
 a shape they were not read from.
 """
@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sweep.model import ModelShape, count_parameters
+from sweep.core.model import ModelShape, count_parameters
 from sweep.workload.model import build, cross_entropy
 from sweep.workload.parallel import apply_recompute
 
@@ -91,7 +91,7 @@ _MBS, _GRAD_ACC, _SEQS, _LAYERS, _VOCABS = 2, 2, (64, 128), (2, 4), (1024, 2048)
 
 
 def count_builtin_traffic(base: ModelShape, mixed: bool, recompute: str) -> dict[str, float]:
-    """The `sweep.traffic.TrafficCounts` fields of the built-in workload, read off `step_bytes`.
+    """The `sweep.models.traffic.TrafficCounts` fields of the built-in workload, read off `step_bytes`.
 
     The bytes of a step are linear in the layers, the tokens and the widths: per layer, tokens ×
     (hidden·h + query·q + ffn·F + fixed) + micro-batches × layer parameters × layer_param; outside

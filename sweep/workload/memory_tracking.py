@@ -3,7 +3,7 @@
 - CUDA: `max_memory_allocated` / `max_memory_reserved` since start-up, and the memory the device
   has in use beyond the allocator's current reserve (`cudaMemGetInfo`'s used less
   `memory_reserved`): the CUDA context, NCCL's buffers and the libraries' handles, which the
-  memory model adds as its overhead and self-calibration learns from (sweep.self_calibration).
+  memory model adds as its overhead and self-calibration learns from (sweep.calibration.memory_self_calibration).
   cudaMemGetInfo counts the whole device, so another process on the same GPU would count too;
   `sweep run` and Slurm's GPU binding give each job GPUs of its own.
 - CPU: growth of the anonymous RSS (heap and tensors, /proc/self/status RssAnon) over the
@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from sweep.units import MiB as MIB
+from sweep.core.units import MiB as MIB
 from sweep.workload.metrics import MemorySample
 
 # The last one: a lazy import of a shared library under the RLIMIT_AS cap.

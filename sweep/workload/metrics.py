@@ -1,6 +1,6 @@
 """metrics.jsonl records (the contract in DESIGN.md / contracts): pure builders and the writer.
 
-FLOPs per token come from `sweep.flops` (one formula for the planner, the workload and collect).
+FLOPs per token come from `sweep.models.flops` (one formula for the planner, the workload and collect).
 The steady-state policy skips the warm-up steps and reports mean, sample std (ddof=1) and n of
 the remaining step times. Nothing is rounded.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.flops import DEFAULT_CONVENTION, flops_per_token_all, mfu
-from sweep.model import ModelShape
+from sweep.core.model import ModelShape
+from sweep.models.flops import DEFAULT_CONVENTION, flops_per_token_all, mfu
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class MetricsWriter:
 
     Each line reaches the kernel at once (no user-space buffer), so the watchdog on the node
     sees it immediately and a killed trainer leaves whole lines behind. Unlike
-    `sweep.state.append_jsonl` it does not fsync every line: that costs milliseconds per step
+    `sweep.core.state.append_jsonl` it does not fsync every line: that costs milliseconds per step
     on a busy disk (more on NFS/Lustre); `close` fsyncs once, after the summary.
     """
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from sweep.model import ModelShape
+from sweep.core.model import ModelShape
 
 ROPE_THETA = 10000.0
 INIT_STD = 0.02

@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from sweep.layout import Layout
+from sweep.core.layout import Layout
 from sweep.workload.model import ContextParallel, Transformer, TransformerBlock
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")

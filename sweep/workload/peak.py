@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from sweep.catalog import get_gpu
+from sweep.core.catalog import get_gpu
 
 CPU_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sweep.catalog import gpu_mismatch
-from sweep.early_stop import EarlyStop, Window, last_window, steady_window
-from sweep.runconfig import RunConfig
-from sweep.state import METRICS_FILE, atomic_write_json
+from sweep.core.catalog import gpu_mismatch
+from sweep.core.runconfig import RunConfig
+from sweep.core.state import METRICS_FILE, atomic_write_json
+from sweep.job.early_stop import EarlyStop, Window, last_window, steady_window
 from sweep.workload import metrics
 from sweep.workload.data import Batch, global_batch, local_slice
 from sweep.workload.memory_tracking import MemoryProbe, tracked_peak

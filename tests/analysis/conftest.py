@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sweep.schema import to_table
+from sweep.collect.schema import to_table
 
 FLOPS_PER_TOKEN = {"megatron": 1.0e8, "full_attention": 1.2e8, "6N": 0.9e8}
 CPU_PEAK = 2.0e11

@@ -14,8 +14,8 @@ import pytest
 
 from analysis.best import BEST_CSV_COLUMNS, best_configs, best_csv_frame
 from analysis.flags import basis_flags, selection_flags, value_flags
-from sweep.playbook_import import import_playbook
-from sweep.schema import to_table
+from sweep.collect.schema import to_table
+from sweep.validation.playbook_import import import_playbook
 
 RAW = re.compile(r"DP:(\d+)TP:(\d+)PP:(\d+) \| GAS:(\d+)MBS:(\d+) \| ZeRO-(\d)")
 

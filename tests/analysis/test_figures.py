@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.best import best_configs
 from analysis.figures import outcome_counts, plot_distribution, plot_failures, value_axis
-from sweep.schema import to_table
+from sweep.collect.schema import to_table
 
 
 def test_counts_per_cell_by_class_leave_out_attempts_without_a_configuration() -> None:

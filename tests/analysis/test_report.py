@@ -11,9 +11,9 @@ import pytest
 
 from analysis.report import write_report
 from sweep.cli import main
-from sweep.collect import write_runs
-from sweep.playbook_import import import_playbook
-from sweep.schema import to_table
+from sweep.collect.attempts import write_runs
+from sweep.collect.schema import to_table
+from sweep.validation.playbook_import import import_playbook
 
 FIGURES = ("heatmap_best", "scaling", "failures", "mfu_distribution")
 

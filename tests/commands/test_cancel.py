@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from sweep.backends.slurm.tracker import Tracker
 from sweep.cli import main
-from sweep.tracker import Tracker
 from tests.slurm_sweeps import cancel_sweep, sweep_task_states, sweep_tasks, synthetic_sweep
 
 # A job that, like the watchdog, takes its time over SIGTERM: Slurm keeps it COMPLETING until

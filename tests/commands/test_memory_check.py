@@ -4,7 +4,7 @@ written as the spec lines that make the next sweep plan with them.
 The runs are our own H200 measurements of the built-in workload (tests/fixtures/cuda/README.md),
 given the `mem_source` a sweep's runs.parquet records for them (`cuda`: torch.cuda's peaks, the
 largest over the ranks), so no reference data is needed. What the playbook's tables give is in
-tests/test_memcheck.py and tests/test_fit.py."""
+tests/validation/test_memory_check.py and tests/validation/test_memory_fit.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sweep.cli import main
-from sweep.spec import load_spec
+from sweep.plan.spec import load_spec
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "cuda"
 SPEC = """\
@@ -77,7 +77,7 @@ def test_the_written_constants_pasted_into_the_spec_score_as_their_header_says(
     # this GPU's stack holds a larger floor than the playbook's grid reaches (1 GiB): the fit
     # widened that axis until its point was inside, and the header says so
     assert allocator["floor_mib"] > 1024 and "at the grid's largest value" not in text
-    assert re.search(r"sweep.fit.GRID widened where the fit reached its largest value: "
+    assert re.search(r"sweep.validation.memory_fit.GRID widened where the fit reached its largest value: "
                      r"floor_mib to \d+ \(\d widenings?\)", text)
 
 

@@ -1,5 +1,5 @@
 """`sweep nodes`: the bad-node list of a sweep folder, read and changed without Slurm. The
-failures are merged by the same code `sweep status` runs (sweep.bad_nodes.BadNodes.merge); the
+failures are merged by the same code `sweep status` runs (sweep.backends.slurm.bad_nodes.BadNodes.merge); the
 live path, a node really killed under Slurm, is in tests/commands/test_resume.py."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sweep.bad_nodes import BAD_NODES_FILE, BadNodes
+from sweep.backends.slurm.bad_nodes import BAD_NODES_FILE, BadNodes
+from sweep.backends.slurm.submission import NodeFailure
+from sweep.backends.slurm.tracker import Tracker
 from sweep.cli import main
-from sweep.submission import NodeFailure
-from sweep.tracker import Tracker
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweep import fitted_throughput
-from sweep.calibrate import default_prior, predict_plan
+from sweep.calibration.throughput_fit import default_prior, predict_plan
 from sweep.cli import main
-from sweep.spec import load_spec
-from sweep.throughput import Coefficients
+from sweep.models import fitted_throughput
+from sweep.models.throughput import Coefficients
+from sweep.plan.spec import load_spec
 
 SPEC = """\
 name: tiny-plan
@@ -190,14 +190,14 @@ def test_a_coefficients_file_that_is_not_there_is_an_error_not_the_default(
 
 def test_a_nanotron_plan_on_h100_predicts_with_the_fit_to_nanotrons_published_runs(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """No throughput.json: the committed fit (sweep/fitted_throughput.py), not the physical
+    """No throughput.json: the committed fit (sweep/models/fitted_throughput.py), not the physical
     prior, which is 34-54 % off on a playbook model it was not fitted on; the plan says so."""
     spec_path = write_spec(tmp_path)
     out = tmp_path / "sweep"
     assert main(["plan", str(spec_path), "--out", str(out)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert ("throughput predictions: the fit to nanotron's published h100-sxm runs "
-            "(sweep/fitted_throughput.py; median error 8.7%-8.9% on a model it was not fitted "
+            "(sweep/models/fitted_throughput.py; median error 8.7%-8.9% on a model it was not fitted "
             "on;") in printed
     (tmp_path / "b").mkdir()
     builtin = write_spec(tmp_path / "b", SPEC.replace("framework: nanotron", "framework: builtin"))
@@ -292,7 +292,7 @@ def test_a_first_round_on_the_local_backend_recalibrates_and_keeps_what_the_prio
     assert (newly["dp"], newly["tp"], newly["pp"]) == (2, 1, 1) and newly["run_id"]
 
     record = json.loads((out / "calibration.json").read_text())
-    from sweep.state import file_sha256
+    from sweep.core.state import file_sha256
     assert record["source_sha256"] == file_sha256(out / "runs.parquet")
     memory = record["memory"]
     assert (memory["n_completed"], memory["n_oom"], memory["bound_by"]) == (2, 0, "measured peaks")

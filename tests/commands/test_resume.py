@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from sweep.backends.slurm.submission import latest_tasks, submissions
+from sweep.backends.slurm.tracker import Tracker
 from sweep.cli import main
-from sweep.state import read_jsonl
-from sweep.submission import latest_tasks, submissions
-from sweep.tracker import Tracker
+from sweep.core.state import read_jsonl
 from tests.slurm_sweeps import cancel_sweep, job_path, wait_until_settled
 
 __all__ = ["job_path"]  # a fixture

@@ -19,12 +19,12 @@ import psutil
 import pytest
 import yaml
 
-from sweep.calibrate import workloads_for
+from sweep.calibration.throughput_fit import workloads_for
 from sweep.cli import main
-from sweep.live_search import SEARCH_PROGRESS_FILE, SEARCH_RUNS_FILE, outcomes_from_runs
-from sweep.spec import load_spec
-from sweep.state import attempt_dirs, read_json
-from sweep.throughput import Coefficients, predict
+from sweep.core.state import SEARCH_PROGRESS_FILE, attempt_dirs, read_json
+from sweep.models.throughput import Coefficients, predict
+from sweep.plan.spec import load_spec
+from sweep.search.live_search import SEARCH_RUNS_FILE, outcomes_from_runs
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "local-cpu.yaml"
@@ -206,7 +206,7 @@ def test_an_interrupted_sweep_finishes_the_rest_without_redoing_completed_runs(
 
 def test_a_second_runner_on_the_same_sweep_is_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from sweep.local import runner_lock
+    from sweep.backends.local.backend import runner_lock
 
     out = tmp_path / "sweep"
     with runner_lock(out):
@@ -263,7 +263,7 @@ def test_top_without_the_shortlist_is_refused_before_anything_is_planned(
 def test_a_gpu_spec_needs_the_gpus_its_runs_ask_for_on_this_machine(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         visible: str, message: str) -> None:
-    """`sweep run` hands this machine's GPUs to its jobs (sweep.local); where there are too few,
+    """`sweep run` hands this machine's GPUs to its jobs (sweep.backends.local.backend); where there are too few,
     it says so before any run starts, instead of a failure per run."""
     spec = yaml.safe_load(DEMO.read_text())
     spec.update(gpu="h100-sxm", dtype="bf16")

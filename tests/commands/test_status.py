@@ -8,10 +8,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from sweep.backends.slurm.observation import Observation
+from sweep.backends.slurm.submission import RunState
+from sweep.backends.slurm.sweep_folder import SEARCH_RUNS_FILE, RunInfo, skipped_by_search, time_seconds
 from sweep.commands.status import gpu_hours, render
-from sweep.observation import Observation
-from sweep.submission import RunState
-from sweep.sweep_folder import SEARCH_RUNS_FILE, RunInfo, skipped_by_search, time_seconds
 
 
 def observation() -> Observation:

@@ -15,12 +15,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from sweep.backends.slurm.client import Slurm
+from sweep.backends.slurm.submission import job_comment, submissions
+from sweep.backends.slurm.tracker import TASKS_FILE, Tracker
 from sweep.cli import main
-from sweep.driver import read_record
-from sweep.slurm import Slurm
-from sweep.state import read_jsonl
-from sweep.submission import job_comment, submissions
-from sweep.tracker import TASKS_FILE, Tracker
+from sweep.core.state import read_jsonl
+from sweep.search.driver import read_record
 from tests.slurm_sweeps import (
     job_path,
     sweep_tasks,
@@ -160,7 +160,7 @@ def test_a_crash_between_sbatch_and_the_ledger_is_reconciled_from_the_job_commen
     tracker._write_batch_files(batch)
     options, script = tracker.sbatch_command(batch, max_running=None, hold=True, exclude=[])
     assert f"--comment={job_comment(sweep_name, batch.batch_id)}" in options
-    from sweep.state import append_jsonl
+    from sweep.core.state import append_jsonl
 
     append_jsonl(root / "ledger.jsonl", {"event": "intent", "batch": batch.batch_id,
                                          "run_ids": list(batch.run_ids), "time": time.time()})
@@ -180,7 +180,8 @@ def test_a_search_strategy_submits_round_by_round_and_records_every_runs_fate(
         capsys: pytest.CaptureFixture[str]) -> None:
     import pandas as pd
 
-    from sweep.live_search import SEARCH_PROGRESS_FILE, SEARCH_RUNS_FILE
+    from sweep.core.state import SEARCH_PROGRESS_FILE
+    from sweep.search.live_search import SEARCH_RUNS_FILE
 
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sweep.core.layout import FRAMEWORKS, ZERO_STAGES
+from sweep.core.model import ModelShape
 from sweep.frameworks import ADAPTER_MODULES, all_adapters, get_adapter
 from sweep.frameworks.base import CapabilityContext
-from sweep.layout import FRAMEWORKS, ZERO_STAGES
-from sweep.logs.base import LogParser
-from sweep.model import ModelShape
+from sweep.frameworks.capability_check import capability_failures
+from sweep.frameworks.log_parser import LogParser
 
 SMALL = ModelShape(name="small", num_layers=8, hidden_size=1024, num_attention_heads=16,
                    num_kv_heads=16, ffn_hidden_size=4096, vocab_size=32000,
@@ -39,8 +40,8 @@ def test_an_adapter_says_how_its_runs_report_and_where_its_version_comes_from(na
     adapter answers: no module outside sweep/frameworks/ names one."""
     import importlib.util
 
-    from sweep.provenance import PACKAGES
-    from sweep.traffic import traffic_for
+    from sweep.job.provenance import PACKAGES
+    from sweep.models.traffic import traffic_for
 
     adapter = get_adapter(name)
     version_module = importlib.util.find_spec(f"sweep.frameworks.{name}.version")
@@ -69,7 +70,7 @@ def test_every_capability_rule_gives_a_reason_and_a_source_and_a_mask(name: str)
             assert rule.name and rule.reason and rule.source, rule
             mask = np.asarray(rule.fails(columns, ctx))
             assert mask.dtype == bool and mask.shape in ((2,), ()), rule.name
-        failed, first = adapter.capability_failures(columns, ctx)
+        failed, first = capability_failures(adapter, columns, ctx)
         assert failed.shape == first.shape == (2,)
 
 
@@ -92,8 +93,8 @@ def test_sweep_frameworks_prints_every_version_and_rule(capsys: pytest.CaptureFi
 
 def test_the_planner_prunes_what_the_framework_cannot_run_and_says_why() -> None:
     """Megatron has no GPipe schedule: a gpipe row would run 1F1B under a gpipe label."""
-    from sweep import space
-    from sweep.spec import parse_spec
+    from sweep.plan import space
+    from sweep.plan.spec import parse_spec
 
     spec = parse_spec("""
 name: caps

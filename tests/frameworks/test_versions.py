@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sweep.frameworks.versions import LAUNCH_REFUSED, DetectedVersion, detect, refusal
-from sweep.provenance import collect
+from sweep.job.provenance import collect
 
 
 def run_check(*args: str) -> subprocess.CompletedProcess[str]:

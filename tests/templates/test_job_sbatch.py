@@ -3,7 +3,7 @@
 In most tests `srun` is a recording stand-in (a shell script that writes its arguments and
 environment and exits), because the subject is the job script's own logic: attempt folders,
 the node list, MASTER_ADDR/MASTER_PORT, the exports, and the exact watchdog command line. The
-last test submits the same script to the real local Slurm cluster; tests/test_local.py runs it
+last test submits the same script to the real local Slurm cluster; tests/backends/local/test_backend.py runs it
 with the emulated srun, the watchdog and the workload.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sweep.local import write_shims
-from sweep.render import render_runs
-from sweep.spec import parse_spec
+from sweep.backends.local.backend import write_shims
+from sweep.plan.render import render_runs
+from sweep.plan.spec import parse_spec
 
 SPEC = """
 name: jobtest
@@ -74,7 +74,7 @@ def test_an_array_task_gets_the_next_attempt_and_the_watchdog_command(
     args = (attempt / "srun.args").read_text().splitlines()
     python = os.path.abspath(sys.executable)  # the interpreter that rendered it
     assert args == ["--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", python, "-m",
-                    "sweep.watchdog", "--run-dir", str(run_dir), "--attempt-dir", str(attempt),
+                    "sweep.job.watchdog", "--run-dir", str(run_dir), "--attempt-dir", str(attempt),
                     "--", "bash", f"{run_dir}/launch/builtin.sh"]
     seen = env_file(attempt / "srun.env")
     assert seen["MASTER_ADDR"] == "node7"
@@ -127,8 +127,8 @@ def test_the_same_script_runs_a_two_node_job_under_real_slurm(
     """sbatch on the local cluster (scripts/local-slurm.sh start): real srun, two nodes, two
     watchdogs, torchrun rendezvous at the first node, the built-in workload. --mem on the command
     line only because the local cluster gives 1 GiB per CPU by default."""
-    from sweep import space
-    from sweep.spec import load_spec
+    from sweep.plan import space
+    from sweep.plan.spec import load_spec
 
     spec = load_spec(repo_root / "examples" / "local-cpu.yaml")
     plan = space.plan(spec)

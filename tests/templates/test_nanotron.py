@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep import render, space
 from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK, ConfigError, validate
-from sweep.spec import load_spec
+from sweep.plan import render, space
+from sweep.plan.spec import load_spec
 
 
 # The tests ----------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep import render, space
-from sweep.spec import load_spec, parse_spec
+from sweep.plan import render, space
+from sweep.plan.spec import load_spec, parse_spec
 
 FRAMEWORK_ZERO = {"nanotron": "[0, 1]", "megatron": "[0, 1]", "torchtitan": "[0, 2, 3]",
                   "builtin": "[0, 1, 2, 3]"}

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from sweep import runconfig
+from sweep.core import runconfig
 from sweep.workload import parallel
 from sweep.workload.data import global_batch
 from sweep.workload.train import Trainer, device_for, init_distributed, train

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sweep.catalog import get_model
-from sweep.layout import Layout
-from sweep.runconfig import RunConfig
-from sweep.state import atomic_write_json
+from sweep.core.catalog import get_model
+from sweep.core.layout import Layout
+from sweep.core.runconfig import RunConfig
+from sweep.core.state import atomic_write_json
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sweep.collect import collect_sweep
-from sweep.state import read_json, read_jsonl
+from sweep.collect.attempts import collect_sweep
+from sweep.core.state import read_json, read_jsonl
 from tests.workload.runs import REPO, launch, run_config, workload_env, write_run_dir
 
 LOOSE = {"window": 3, "max_cv": 0.5}
@@ -27,7 +27,7 @@ def test_two_ranks_under_the_watchdog_stop_together_at_steady_state_and_the_run_
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                 "-m", "sweep.workload", "--run-dir", str(run_dir)]
     proc = subprocess.run(
-        [sys.executable, "-m", "sweep.watchdog", "--run-dir", str(run_dir), "--attempt-dir", str(attempt),
+        [sys.executable, "-m", "sweep.job.watchdog", "--run-dir", str(run_dir), "--attempt-dir", str(attempt),
          "--poll-s", "0.1", "--node-wait-s", "0", "--shm-dir", str(tmp_path / "shm"),
          "--tmp-dir", str(tmp_path / "tmp"), "--", *launcher],
         capture_output=True, text=True, timeout=300, env=workload_env(), cwd=REPO)

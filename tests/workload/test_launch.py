@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sweep.classify import Evidence, classify
-from sweep.state import read_jsonl
+from sweep.core.state import read_jsonl
+from sweep.job.classify import Evidence, classify
 from sweep.workload.launch import Failure, Rendezvous, parse_master
 from tests.workload.runs import (
     REPO,

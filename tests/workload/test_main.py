@@ -6,9 +6,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from sweep.flops import flops_per_token_all
-from sweep.model import count_parameters
-from sweep.state import read_jsonl
+from sweep.core.model import count_parameters
+from sweep.core.state import read_jsonl
+from sweep.models.flops import flops_per_token_all
 from tests.workload.runs import launch, run_config, write_run_dir
 
 STEP_KEYS = {"kind", "step", "time", "step_time_s", "tokens", "tokens_per_sec", "tokens_per_sec_per_gpu",

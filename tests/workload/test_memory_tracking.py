@@ -33,10 +33,10 @@ def test_fsdp_holds_whole_gradients_while_it_defers_the_reduction(
     (`set_requires_gradient_sync(False)`), and FSDP2 keeps every parameter's whole fp32 gradient
     until the last one reduces it: 4 bytes per parameter of the model, not of its shard. The
     memory model counts the same (`MemoryProfile.grad_acc_defers_fsdp_reduction`)."""
-    from sweep.catalog import get_model
-    from sweep.layout import Layout
-    from sweep.memory import estimate
-    from sweep.model import count_parameters
+    from sweep.core.catalog import get_model
+    from sweep.core.layout import Layout
+    from sweep.core.model import count_parameters
+    from sweep.models.memory import estimate
 
     whole = 4 * count_parameters(get_model("tiny-4l")).total
     one, accumulating = peaks(two_rank["fsdp2-zero3"]), peaks(two_rank["fsdp2-zero3-grad_acc2"])

@@ -3,11 +3,11 @@
 `sweep.workload.bytes_moved` adds up, for every operator of a training step but the matmuls and
 attention, the bytes of the tensors it reads and writes (views move nothing): what an eager step
 streams through memory, one kernel per operator, on CPU as on CUDA. `scripts/count_traffic.py`
-reads the `builtin` counts of `sweep.traffic` off such steps on small shapes; here they must be
+reads the `builtin` counts of `sweep.models.traffic` off such steps on small shapes; here they must be
 what it reads, and must give the bytes of another shape, with other widths, vocabulary and
 depth and a query wider than the hidden size, for each precision and recomputation mode. On GPUs
 the same bytes explain why an H100 runs the built-in's steps 8-15 % longer than an H200 with the
-same peak FLOPs (tests/test_throughput_on_cuda.py).
+same peak FLOPs (tests/models/test_throughput_on_cuda.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from sweep.catalog import get_model
-from sweep.model import ModelShape, count_parameters
-from sweep.traffic import BUILTIN
+from sweep.core.catalog import get_model
+from sweep.core.model import ModelShape, count_parameters
+from sweep.models.traffic import BUILTIN
 from sweep.workload.bytes_moved import step_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ def predicted(shape: ModelShape, recompute: str, mixed: bool) -> float:
 def test_the_builtin_counts_give_the_bytes_of_a_shape_they_were_not_read_from(recompute: str,
                                                                               mixed: bool) -> None:
     measured, model = counted(SHAPE, recompute, mixed), predicted(SHAPE, recompute, mixed)
-    assert model == pytest.approx(measured, rel=0.03), f"counted {measured:,} B, sweep.traffic says {model:,.0f}"
+    assert model == pytest.approx(measured, rel=0.03), f"counted {measured:,} B, sweep.models.traffic says {model:,.0f}"
 
 
 def test_the_committed_counts_are_what_the_counting_script_reads() -> None:

@@ -1,4 +1,4 @@
-"""metrics.jsonl records: the contract's fields, FLOPs from sweep.flops, the steady-state summary."""
+"""metrics.jsonl records: the contract's fields, FLOPs from sweep.models.flops, the steady-state summary."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from sweep.catalog import get_model
-from sweep.flops import flops_per_token_all
+from sweep.core.catalog import get_model
+from sweep.models.flops import flops_per_token_all
 from sweep.workload.metrics import MemorySample, MetricsWriter, RunFacts, step_record, summary_record
 
 FACTS = RunFacts(shape=get_model("tiny-4l"), seq_len=64, tokens_per_step=256, world_size=2,

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from sweep.catalog import get_model
-from sweep.model import count_parameters
+from sweep.core.catalog import get_model
+from sweep.core.model import count_parameters
 from sweep.workload.model import Transformer, apply_rope, build, cross_entropy, rope_tables
 
 

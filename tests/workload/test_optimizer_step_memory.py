@@ -3,7 +3,7 @@
 The workload builds `torch.optim.AdamW` with PyTorch's defaults, which pick the foreach
 implementation on CUDA: it takes sqrt(exp_avg_sq) of every parameter at once, an fp32 copy of the
 parameters beside the weights, the gradients and both moments (20 bytes per parameter). On an H200
-that was the peak of every run with full recomputation (tests/test_memory_on_cuda.py). PyTorch's
+that was the peak of every run with full recomputation (tests/models/test_memory_on_cuda.py). PyTorch's
 MemTracker measures the step here on CPU with foreach forced on, as CUDA would run it; the
 per-tensor implementation, CPU's default, holds one tensor's temporary instead.
 """
@@ -15,11 +15,11 @@ import dataclasses
 import pytest
 import torch
 
-from sweep.catalog import get_model
-from sweep.layout import Layout
-from sweep.memory import estimate
-from sweep.memory_profiles import BUILTIN
-from sweep.model import count_parameters
+from sweep.core.catalog import get_model
+from sweep.core.layout import Layout
+from sweep.core.model import count_parameters
+from sweep.models.memory import estimate
+from sweep.models.memory_profiles import BUILTIN
 from sweep.workload.memory_tracking import tracked_peak
 from sweep.workload.model import build, cross_entropy
 

@@ -17,7 +17,7 @@ import functools
 
 import pytest
 
-from sweep.catalog import get_model
+from sweep.core.catalog import get_model
 from sweep.workload.data import global_batch
 from sweep.workload.model import build, cross_entropy
 from tests.workload.conftest import (

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.catalog import get_model
-from sweep.layout import Layout
+from sweep.core.catalog import get_model
+from sweep.core.layout import Layout
 from sweep.workload.model import Transformer, keep_stage, layer_range
 from sweep.workload.pipeline import pipeline_problems, stage_indices
 

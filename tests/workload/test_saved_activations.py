@@ -15,10 +15,10 @@ import dataclasses
 import pytest
 import torch
 
-from sweep.catalog import get_model
-from sweep.layout import Layout
-from sweep.memory import estimate
-from sweep.model import ModelShape, count_parameters
+from sweep.core.catalog import get_model
+from sweep.core.layout import Layout
+from sweep.core.model import ModelShape, count_parameters
+from sweep.models.memory import estimate
 from sweep.workload.memory_tracking import tracked_peak
 from sweep.workload.model import build, cross_entropy
 from sweep.workload.parallel import apply_recompute

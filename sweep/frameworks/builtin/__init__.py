@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from sweep.core.model import ModelShape
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.builtin import capabilities
 from sweep.frameworks.builtin.parser import BuiltinParser
-from sweep.model import ModelShape
 
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sweep.logs.base import LineParser, ParsedLog, StepCollector, StepRecord
-from sweep.state import json_record
+from sweep.core.state import json_record
+from sweep.frameworks.log_parser import LineParser, ParsedLog, StepCollector, StepRecord
 
 FORMAT_VERSION = "builtin-1"
 

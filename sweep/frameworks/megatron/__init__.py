@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from sweep.core.model import ModelShape
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.megatron import capabilities
 from sweep.frameworks.megatron.parser import MegatronParser
-from sweep.memory import megatron_extra_layers
-from sweep.model import ModelShape
+from sweep.models.memory import megatron_extra_layers
 
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import re
 
-from sweep.logs.base import (
+from sweep.core.units import MiB
+from sweep.frameworks.log_parser import (
     LineParser,
     MemorySample,
     StepRecord,
@@ -28,7 +29,6 @@ from sweep.logs.base import (
     to_int,
     utc_timestamp,
 )
-from sweep.units import MiB
 
 _PREFIX = r"^(?:\d+:\s*|\[default\d+\]:|\[rank\d+\]:)*\s*"
 _ITERATION = re.compile(

@@ -31,8 +31,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
-from sweep.logs.base import LineParser, MemorySample, StepRecord, strip_ansi, utc_timestamp
-from sweep.units import MiB
+from sweep.core.units import MiB
+from sweep.frameworks.log_parser import LineParser, MemorySample, StepRecord, strip_ansi, utc_timestamp
 
 _STEP = re.compile(
     r"^(?:\d+:\s*)?(?P<date>\d\d/\d\d(?:/(?P<year>\d{4}))?) (?P<time>\d\d:\d\d:\d\d) "

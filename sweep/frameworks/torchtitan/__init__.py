@@ -7,11 +7,11 @@ has two stages per rank; selective recompute is torchtitan's per-op selective AC
 
 from __future__ import annotations
 
+from sweep.core.model import ModelShape
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.torchtitan import capabilities
 from sweep.frameworks.torchtitan.parser import TorchtitanParser
 from sweep.frameworks.torchtitan.version import V02, V020
-from sweep.model import ModelShape
 
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from sweep.model import ModelShape
+from sweep.core.model import ModelShape
 
 MODEL_NAME: Final = "llama3"  # torchtitan's --model.name of every flavor below
 LLAMA3_VOCAB: Final = 128256  # TransformerModelArgs.vocab_size default

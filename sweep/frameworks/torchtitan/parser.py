@@ -28,8 +28,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from sweep.logs.base import LineParser, ParsedLog, StepRecord, strip_ansi, to_float, utc_timestamp
-from sweep.units import GiB
+from sweep.core.units import GiB
+from sweep.frameworks.log_parser import LineParser, ParsedLog, StepRecord, strip_ansi, to_float, utc_timestamp
 
 _STEP = re.compile(
     r"^(?:\d+:\s*)?(?:\[rank(?P<rank>\d+)\]:)*(?:\[titan\]\s*)?"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.logs import LogParseError, get_parser
+from sweep.frameworks import get_parser
+from sweep.frameworks.log_parser import LogParseError
 
 
 def _step(step: int, step_time_s: float, loss: float) -> dict[str, object]:

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweep import render, space
-from sweep.spec import Spec, parse_spec
+from sweep.plan import render, space
+from sweep.plan.spec import Spec, parse_spec
 
 # Small shapes that still exercise every layout rule: heads and KV heads divisible by tp <= 4,
 # 8 layers (even over 2, 4 and 8 stages), 6 layers (8 stages: the loss and the embedding count

@@ -7,10 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sweep import space
+from sweep.core.model import ModelShape
 from sweep.frameworks.base import CapabilityContext
+from sweep.frameworks.capability_check import capability_failures
 from sweep.frameworks.megatron import ADAPTER
-from sweep.model import ModelShape
+from sweep.plan import space
 
 DENSE = ModelShape("dense", num_layers=8, hidden_size=256, num_attention_heads=8, num_kv_heads=4,
                    ffn_hidden_size=704, vocab_size=1024, tie_word_embeddings=True)
@@ -36,7 +37,7 @@ def columns(**overrides: Any) -> dict[str, np.ndarray]:
 
 
 def failing_rules(cols: dict[str, np.ndarray], ctx: CapabilityContext) -> list[str | None]:
-    failed, first = ADAPTER.capability_failures(cols, ctx)
+    failed, first = capability_failures(ADAPTER, cols, ctx)
     return [ADAPTER.capabilities[i].name if ok else None for ok, i in zip(failed, first)]
 
 
@@ -78,7 +79,7 @@ def test_tp_comm_overlap_rule_waits_for_the_setting_in_the_context() -> None:
 
 
 def test_the_planner_prunes_with_megatrons_reason() -> None:
-    from sweep.spec import parse_spec
+    from sweep.plan.spec import parse_spec
 
     spec = parse_spec("""
 name: gp
@@ -99,8 +100,8 @@ axes: {tp: [1], pp: [2], cp: [1], ep: [1], mbs: [1], zero_stage: [0],
 
 
 def test_tp_comm_overlap_without_sequence_parallelism_is_pruned_when_the_spec_asks_for_it() -> None:
-    from sweep import space
-    from sweep.spec import parse_spec
+    from sweep.plan import space
+    from sweep.plan.spec import parse_spec
 
     text = """
 name: overlap

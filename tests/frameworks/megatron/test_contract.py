@@ -24,9 +24,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sweep import space
 from sweep.frameworks.megatron import ADAPTER
-from sweep.memory import stage_layer_counts
+from sweep.models.memory import stage_layer_counts
+from sweep.plan import space
 
 pytestmark = pytest.mark.contract
 
@@ -165,7 +165,7 @@ def test_megatron_runs_what_the_label_says(contract: dict[str, Any], version: st
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_memory_model_puts_on_each_stage_the_layers_megatron_builds_there(
         contract: dict[str, Any], version: str) -> None:
-    """sweep.memory's "megatron" split against get_num_layers_to_build on every pipeline rank,
+    """sweep.models.memory's "megatron" split against get_num_layers_to_build on every pipeline rank,
     summed over its virtual stages (the loss, then the embedding, counted as a layer where the
     rendered flags say so)."""
     verdicts = contract["verdicts"][version]

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sweep.logs import LogParseError, get_parser
-from sweep.units import MiB
+from sweep.core.units import MiB
+from sweep.frameworks import get_parser
+from sweep.frameworks.log_parser import LogParseError
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 

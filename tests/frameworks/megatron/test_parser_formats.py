@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sweep.logs import get_parser
-from sweep.units import MiB
+from sweep.core.units import MiB
+from sweep.frameworks import get_parser
 
 WHEN = datetime(2026, 8, 22, 15, 22, 22, 125000)
 

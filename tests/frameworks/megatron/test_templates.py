@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sweep import space
+from sweep.plan import space
 
 RECORDER = """#!/bin/bash
 printf '%s\\0' "$@" >> "$RECORD"

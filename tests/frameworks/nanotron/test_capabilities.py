@@ -8,12 +8,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from sweep import space
-from sweep.catalog import get_model
+from sweep.core.catalog import get_model
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
+from sweep.frameworks.capability_check import capability_failures
 from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK
-from sweep.spec import parse_spec
+from sweep.plan import space
+from sweep.plan.spec import parse_spec
 
 ADAPTER = get_adapter("nanotron")
 DENSE = get_model("llama-3.1-8b")
@@ -37,7 +38,7 @@ def context(version: str = MAIN, dtype: str = "bf16", model: object = DENSE) -> 
 
 
 def failing(cols: dict[str, np.ndarray], ctx: CapabilityContext) -> list[str | None]:
-    failed, index = ADAPTER.capability_failures(cols, ctx)
+    failed, index = capability_failures(ADAPTER, cols, ctx)
     return [ADAPTER.capabilities[i].name if f else None for f, i in zip(failed, index)]
 
 
@@ -56,7 +57,7 @@ def test_layout_rules(version: str, overrides: dict[str, object], rule: str | No
 
 @pytest.mark.parametrize("version", [MAIN, PLAYBOOK])
 def test_the_reasons_differ_by_version(version: str) -> None:
-    failed, index = ADAPTER.capability_failures(columns(cp=2), context(version))
+    failed, index = capability_failures(ADAPTER, columns(cp=2), context(version))
     detail = ADAPTER.capabilities[index[0]].detail()
     assert ("not supported yet" in detail) == (version == MAIN)
     assert ("e24d2483" in detail) == (version == PLAYBOOK)

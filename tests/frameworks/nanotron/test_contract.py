@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep import render, space
+from sweep.core.runconfig import RunConfig
 from sweep.frameworks.nanotron import config_schema
 from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK
-from sweep.runconfig import RunConfig
-from sweep.spec import Spec, parse_spec
+from sweep.plan import render, space
+from sweep.plan.spec import Spec, parse_spec
 
 pytestmark = pytest.mark.contract
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sweep.core.units import MiB
+from sweep.frameworks import get_parser
 from sweep.frameworks.nanotron.parser import human_number
-from sweep.logs import get_parser
-from sweep.units import MiB
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sweep import memcheck
 from sweep.frameworks.nanotron import pipeline_fits
-from sweep.memory import stage_block_counts
-from sweep.spec import load_spec
+from sweep.models.memory import stage_block_counts
+from sweep.plan.spec import load_spec
+from sweep.validation import memory_check
 
 PLAYBOOK_SPEC = Path(__file__).resolve().parents[3] / "examples" / "playbook.yaml"
 
@@ -25,7 +25,7 @@ def test_layouts_with_an_empty_stage_almost_never_ran(refdata: Path) -> None:
     """The evidence the rule stands on (it is not a proof: nanotron's assignment loop does not
     refuse an empty rank): of the 124 playbook runs with one, one completed."""
     spec = load_spec(PLAYBOOK_SPEC)
-    runs = memcheck.read_memory_runs(refdata / "playbook_bench_full_1B_8B.csv", spec).frame
+    runs = memory_check.read_memory_runs(refdata / "playbook_bench_full_1B_8B.csv", spec).frame
     shapes = {model.name: model for model in spec.model_shapes}
     unfit = [not pipeline_fits(shapes[m], int(p)) for m, p in zip(runs["model"], runs["pp"],
                                                                   strict=True)]

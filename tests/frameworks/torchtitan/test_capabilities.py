@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sweep.catalog import get_model
+from sweep.core.catalog import get_model
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
+from sweep.frameworks.capability_check import capability_failures
 from sweep.frameworks.torchtitan.capabilities import RULES
 from sweep.frameworks.torchtitan.flavors import flavor_for, template_table
 
@@ -37,7 +38,7 @@ def ctx(model: str = "llama-3.1-8b", dtype: str = "bf16", seq_len: int = 4096) -
 
 
 def first_rule(cols, context) -> list[str | None]:
-    _, index = ADAPTER.capability_failures(cols, context)
+    _, index = capability_failures(ADAPTER, cols, context)
     return [RULES[i].name if i >= 0 else None for i in index]
 
 

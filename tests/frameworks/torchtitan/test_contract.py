@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from sweep import render, space
-from sweep.catalog import get_model
+from sweep.core.catalog import get_model
 from sweep.frameworks.torchtitan.flavors import LLAMA3_FLAVORS
-from sweep.memory import stage_layer_counts
-from sweep.spec import parse_spec
+from sweep.models.memory import stage_layer_counts
+from sweep.plan import render, space
+from sweep.plan.spec import parse_spec
 
 pytestmark = pytest.mark.contract
 
@@ -157,7 +157,7 @@ def test_our_flavor_table_is_torchtitans(release: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("release", sorted(VERSIONS))
 def test_the_memory_model_puts_on_each_stage_the_layers_torchtitan_puts_there(
         release: str, tmp_path: Path) -> None:
-    """sweep.memory's "embedding_blocks" split against torchtitan's generate_llm_fqn_per_model_part
+    """sweep.models.memory's "embedding_blocks" split against torchtitan's generate_llm_fqn_per_model_part
     with its default first/last-stage weights, for every stage count a 16- and a 32-layer model
     can take (up to L + 2) and some others."""
     target = REPO / ".contract" / f"torchtitan-{release}"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep import render, space
-from sweep.spec import parse_spec
+from sweep.plan import render, space
+from sweep.plan.spec import parse_spec
 
 SPEC = """
 name: tt-launch

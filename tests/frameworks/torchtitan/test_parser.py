@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.logs import get_parser
-from sweep.units import GiB
+from sweep.core.units import GiB
+from sweep.frameworks import get_parser
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 

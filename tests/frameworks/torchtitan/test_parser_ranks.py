@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.logs import get_parser
-from sweep.units import GiB
+from sweep.core.units import GiB
+from sweep.frameworks import get_parser
 
 COLOURS = {"red": "\033[31m", "green": "\033[32m", "orange": "\033[38;2;180;60;0m",
            "turquoise": "\033[38;2;54;234;195m", "blue": "\033[34m", "cyan": "\033[36m",

@@ -1,0 +1,109 @@
+"""A sweep's record of the nodes its runs failed on, and the exclude list built from it.
+
+One file in the sweep folder, `bad_nodes.json`: every node failure seen (run, attempt, kind,
+the nodes blamed and how surely), the nodes excluded from later submissions (since when), and
+those taken out of the list again (forgiven_at; by hand or `sweep nodes --forgive`). The rules,
+which failures exclude a node and what forgiving undoes, are pure functions in
+`sweep.backends.slurm.submission` (`update_exclusions`, `change_exclusions`, `node_records`); this module is
+their file. A status poll merges what it saw (`BadNodes.merge`), `sweep nodes` reads and changes
+the list, and every submission reads `exclude`.
+
+Writes are atomic and happen only when something changed, so a poll that saw nothing new leaves
+the file (and its modification time) alone, and a sweep whose nodes never failed has no file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from sweep.backends.slurm.submission import (
+    NodeExclusions,
+    NodeFailure,
+    NodeRecord,
+    change_exclusions,
+    node_records,
+    update_exclusions,
+)
+from sweep.core.state import atomic_write_json, read_json
+
+BAD_NODES_FILE: Final = "bad_nodes.json"
+
+
+class BadNodes:
+    """The bad-node file of one sweep folder."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.path = sweep_dir / BAD_NODES_FILE
+
+    def exclude(self) -> list[str]:
+        """The nodes later submissions leave out, sorted."""
+        return sorted(self._read().get("exclude") or [])
+
+    def records(self) -> list[NodeRecord]:
+        """Every node that failed or is excluded, with its counts and why it is in or out."""
+        data = self._read()
+        return node_records(_exclusions_of(data), _failures_of(data.get("failures") or []))
+
+    def merge(self, failures: Sequence[NodeFailure],
+              unhealthy: Callable[[], set[str]] = set) -> list[str]:
+        """Add the failures not seen before and return the exclude list.
+
+        A failure Slurm did not pin on a node (the batch host died with its srun) blames the
+        job's nodes that `unhealthy()` (sinfo: down, drained, not responding) names now, else
+        every node of the job; `unhealthy` is asked once, and only when there is such a failure."""
+        data = self._read()
+        now = time.time()
+        known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures") or []}
+        new = [f for f in failures if (f.run_id, f.attempt, f.kind) not in known]
+        suspect = unhealthy() if any(not f.exact for f in new) else set()
+        for failure in new:
+            blamed = [n for n in failure.nodes if n in suspect] if not failure.exact else []
+            known[(failure.run_id, failure.attempt, failure.kind)] = {
+                "run_id": failure.run_id, "attempt": failure.attempt, "kind": failure.kind,
+                "nodes": blamed or list(failure.nodes), "seen_at": now,
+                "ended_at": failure.ended_at,
+                "blame": "exact" if failure.exact else "sinfo" if blamed else "every node of the job"}
+        exclusions = update_exclusions(_exclusions_of(data), _failures_of(known.values()), now)
+        self._write(data, exclusions, list(known.values()))
+        return list(exclusions.exclude)
+
+    def change(self, *, forgive: Sequence[str] = (), exclude: Sequence[str] = ()) -> NodeExclusions:
+        """Forgive nodes (back into use; their failures so far stop counting) or exclude them.
+        The caller holds the sweep's submit lock, so that no submission reads a half-made change."""
+        data = self._read()
+        changed = change_exclusions(_exclusions_of(data), forgive=forgive, exclude=exclude,
+                                    now=time.time())
+        self._write(data, changed, list(data.get("failures") or []))
+        return changed
+
+    def _read(self) -> dict[str, Any]:
+        return read_json(self.path) or {}
+
+    def _write(self, before: dict[str, Any], exclusions: NodeExclusions,
+               failures: list[dict[str, Any]]) -> None:
+        """Write the file, unless it would stay as `before` (what was read from it) or, with
+        no file yet, would hold nothing."""
+        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
+                   "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
+        if updated != before and (before or any(updated.values())):
+            atomic_write_json(self.path, updated)
+
+
+def _exclusions_of(data: dict[str, Any]) -> NodeExclusions:
+    return NodeExclusions(tuple(data.get("exclude") or ()), data.get("excluded_at") or {},
+                          data.get("forgiven_at") or {})
+
+
+def _failures_of(records: Iterable[dict[str, Any]]) -> list[tuple[NodeFailure, float]]:
+    """The recorded failures with when each was first seen."""
+    out = []
+    for record in records:
+        ended = record.get("ended_at")
+        failure = NodeFailure(record["run_id"], record.get("attempt"), record["kind"],
+                              tuple(record["nodes"]),
+                              ended_at=float(ended) if isinstance(ended, (int, float)) else None)
+        out.append((failure, float(record.get("seen_at") or 0.0)))
+    return out

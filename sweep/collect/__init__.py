@@ -1,0 +1,3 @@
+"""Attempt folders (+ Slurm accounting) -> runs.parquet: its schema, its rows and what each attempt
+measured.
+"""

@@ -1,0 +1,2 @@
+"""The memory and throughput models: pure functions, a configuration in, numbers out.
+"""

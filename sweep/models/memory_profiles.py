@@ -1,0 +1,299 @@
+"""Framework memory profiles: the constants and flags that differ between frameworks.
+
+One memory model (sweep.models.memory), several profiles. A profile says how many bytes per parameter each
+framework keeps, which of them ZeRO shards, how it splits layers over pipeline stages, how wide its
+logits path is, and what its allocator and runtime cost beyond live tensors.
+
+Only the allocator constants are fitted to measurements (three fragmentation shares and a floor,
+fitted by scripts/fit_memory.py on the playbook's nanotron runs, read from sweep/models/fitted_memory.py
+and shared by every profile unless a spec names its own, `constraints.allocator`, applied by
+`Allocator`; `sweep.models.memory.reserved_interval` turns their leave-one-model-out error into a band);
+everything else comes from how the framework is written (each profile's description says what it
+keeps).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
+
+from sweep.core.units import MiB
+from sweep.models import fitted_memory
+
+if TYPE_CHECKING:  # numpy is imported where the interval is drawn (see sweep.frameworks.base)
+    pass
+
+# The caching allocator's reserve beyond live tensors, as shares of the transient bytes that cause it:
+# - activations of a micro-batch that is alone in flight: each micro-batch allocates and frees the same
+#   sizes in the same order, so the cached blocks are reused and little is lost;
+# - activations of micro-batches the pipeline schedule keeps in flight: the oldest is freed while newer
+#   ones stay, so its blocks become holes between live tensors that later requests only partly fill;
+# - logits and loss: the largest tensors of the step, allocated when the pool is fullest, then re-split
+#   by smaller requests, so they need fresh segments again next time;
+# - a floor: rounding and small-block pools.
+# Fitted, not chosen: scripts/fit_memory.py searches the grid of sweep.validation.memory_fit.GRID on the playbook's
+# results table (playbook_bench_full_1B_8B.csv, nanotron, 1,027 successful runs) for the objective of
+# sweep.validation.memory_fit.OBJECTIVE (the smallest mean reserved-peak error of rank 0 that keeps >= 99 % of the
+# successful runs, prunes >= 90 % of the OOM runs, and fits every published llm-foundry
+# H100/A100-80GB configuration, which bounds the sequential share) and writes them with their
+# provenance (data sha256, grid, objective, date) to sweep/models/fitted_memory.py; tests/validation/test_memory_fit.py
+# reruns the fit. One set for every profile: only nanotron rows measured the reserved peak.
+FRAG_SEQUENTIAL: Final = fitted_memory.FRAG_SEQUENTIAL
+FRAG_PIPELINED: Final = fitted_memory.FRAG_PIPELINED
+FRAG_LOGITS: Final = fitted_memory.FRAG_LOGITS
+RESERVED_FLOOR_BYTES: Final = fitted_memory.RESERVED_FLOOR_BYTES
+# How far off the reserved peak is on a model the constants were not fitted on: the 5th and 95th
+# percentiles of predicted / measured - 1, leave-one-model-out (sweep.validation.memory_fit.cross_validate).
+RESERVED_BAND: Final[tuple[float, float]] = fitted_memory.RESERVED_BAND
+
+
+# The linears of a Llama-style layer, in the order its forward calls them (sweep.workload.model
+# and torchtitan name them so).
+LINEARS: Final = ("wq", "wk", "wv", "wo", "w1", "w3", "w2")
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    name: str
+    description: str
+    # --- persistent state, bytes per parameter ---
+    weight_bytes: float = 2.0  # the stored weights (bf16 copy, or fp32 when they are the master copy)
+    grad_bytes: float = 0.0  # param.grad in the weights' dtype
+    ddp_bucket_bytes: float = 0.0  # DDP's own gradient buckets: only with replicas and ZeRO <= 1
+    fp32_grad_bytes: float = 4.0  # fp32 gradient accumulation / main_grad buffer
+    master_bytes: float = 4.0  # fp32 master weights
+    optimizer_bytes: float = 8.0  # Adam exp_avg + exp_avg_sq, fp32
+    zero_shards_over_cp: bool = True  # ZeRO shards over dp*cp (Megatron, FSDP) or dp only (nanotron)
+    weights_shard_from_zero: int = 3  # FSDP2 shards the stored (fp32) params already at "ZeRO-2"
+    # --- transients ---
+    zero1_gather_bytes: float = 0.0  # ZeRO-1: all-gather buffer of updated params (+ its input shard)
+    # FSDP: ZeRO-2 (reshard_after_forward=False) keeps every layer's gathered compute copy from
+    # forward to backward; ZeRO-3 gathers this many layers at a time (current + prefetch)
+    fsdp_unsharded_layers: int = 0
+    fsdp_gathered_bytes: float = 2.0  # bytes per parameter of that gathered copy (bf16 param_dtype)
+    # FSDP2 whose gradient reduce-scatter is deferred to a step's last micro-batch
+    # (`set_requires_gradient_sync(False)`) keeps each parameter's whole, unsharded gradient until
+    # then, in the reduce dtype where one is set (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    # `to_accumulated_grad_if_needed`, torch 2.13), not 1/(dp·cp) of it. torch.distributed.
+    # pipelining defers it for every micro-batch of a schedule, and keeps the parameters gathered
+    # after each backward too (stage.py `backward_maybe_with_nosync`: `set_reshard_after_backward(
+    # False)`), so under pp > 1 a stage holds its whole gathered copy at ZeRO-3 too, at the end of
+    # each backward, beside all but one micro-batch's activations (no published run measures it).
+    pipeline_defers_fsdp_reduction: bool = False  # the framework pipelines with torch's schedules
+    grad_acc_defers_fsdp_reduction: bool = False  # its own gradient accumulation defers it too
+    fsdp_accumulated_grad_bytes: float = 4.0  # bytes per parameter of that unsharded gradient
+    autocast_weight_bytes: float = 0.0  # torch.autocast's bf16 weight casts, saved for backward
+    # --- pipeline ---
+    stage_split: str = "even"  # how layers go to pipeline stages: sweep.models.memory.split_stages
+    # --- activations and logits ---
+    flash_attention: bool = True  # no s^2 attention-score tensors
+    residual_bytes: float = 2.0  # bytes per element of the residual stream the two norms save
+    # What a layer saves for backward beyond that (defaults: a fused norm hands one bf16 output to
+    # the linears that read it, attention saves K/V at their own width):
+    norm_saves_output: bool = False  # the norm's scaled output is saved too (a plain `x * weight`)
+    linear_input_copies: int = 2  # copies of the normed input the linears save (per cast, if unfused)
+    kv_saved_at_query_width: bool = False  # K/V repeated to every query head before attention
+    # The linears (model names wq wk wv wo w1 w3 w2) whose outputs selective recomputation keeps,
+    # with the attention output, recomputing the rest of the layer one layer at a time (torch's
+    # selective activation checkpointing); (): Megatron's, which drops only the s² attention
+    # scores, nothing under flash attention
+    selective_saves: tuple[str, ...] = ()
+    # zero_grad(set_to_none=True): with one micro-batch per step the gradients are made during
+    # backward, after the activation peak (the logits' backward), so that peak holds none of them
+    grads_freed_each_step: bool = False
+    # Bytes per parameter the optimizer step allocates beyond its state, sharded as that state:
+    # torch.optim.AdamW's foreach implementation (PyTorch's default on CUDA when neither `fused`
+    # nor `foreach` is set) takes sqrt(exp_avg_sq) of the whole parameter group at once
+    # (torch/optim/adam.py `_multi_tensor_adam`: `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`),
+    # one fp32 copy of the parameters; the fused kernels (apex/TE FusedAdam, `fused=True`) need none
+    optimizer_step_temp_bytes: float = 0.0
+    logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
+    # What the loss holds per logit at the end of its forward. Counted only where that moment can
+    # be the peak: torch.autocast caches the bf16 cast of every weight it casts until its region
+    # exits (`cache_enabled`, the default), so at the end of the forward every layer's cast is
+    # alive even where layers are recomputed (their backward then holds one layer's at a time)
+    logits_forward_bytes_per_element: float = 0.0
+    tp_buffer_bytes_per_token_h: float = 4.0  # persistent SP gather buffers, bytes per token x hidden (tp > 1)
+    workspace_bytes: int = 64 * MiB  # cuBLAS workspaces, RoPE tables and other fixed tensors
+    # --- allocator and runtime (outside live tensors) ---
+    fragmentation_sequential: float = FRAG_SEQUENTIAL
+    fragmentation_pipelined: float = FRAG_PIPELINED
+    fragmentation_logits: float = FRAG_LOGITS
+    reserved_floor_bytes: int = RESERVED_FLOOR_BYTES
+    cuda_context_bytes: int = 512 * MiB  # CUDA context + kernels; not in torch's allocator
+    nccl_bytes_per_group: int = 256 * MiB  # NCCL channels/buffers per communicator in use
+
+    def __post_init__(self) -> None:
+        unknown = set(self.selective_saves) - set(LINEARS)
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: selective_saves names {sorted(unknown)}, "
+                             f"not linears of the model ({', '.join(LINEARS)})")
+
+
+NANOTRON: Final = MemoryProfile(
+    name="nanotron",
+    description=(
+        "nanotron (playbook sweep): bf16 params, bf16 DDP buckets when dp>1, fp32 grad accumulation "
+        "(accumulate_grad_in_fp32), fp32 master + Adam; ZeRO-1 shards master+Adam over dp only and "
+        "all-gathers the updated params; cost-balanced PP split with embedding/LM head as blocks"),
+    ddp_bucket_bytes=2.0, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
+    zero_shards_over_cp=False, zero1_gather_bytes=2.0, stage_split="cost",
+)
+
+MEGATRON: Final = MemoryProfile(
+    name="megatron",
+    description=(
+        "Megatron-LM/Megatron-Core: bf16 params, fp32 main_grad buffer (also DDP's bucket), "
+        "distributed optimizer (ZeRO-1: fp32 master + Adam sharded over dp*cp); even PP split, the "
+        "loss and the embedding counted as layers where the layers do not divide"),
+    fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0, zero_shards_over_cp=True,
+    stage_split="megatron",
+)
+
+TORCHTITAN: Final = MemoryProfile(
+    name="torchtitan",
+    description=(
+        "torchtitan FSDP2: fp32 sharded params are the master copy, fp32 grads (reduce_dtype fp32), "
+        "bf16 compute copies gathered per layer (ZeRO-3) or kept for the step (ZeRO-2); under PP "
+        "whole fp32 gradients until the last micro-batch; PP split with the embedding and the "
+        "output counted as a layer each"),
+    weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
+    optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
+    stage_split="embedding_blocks",
+    # pipeline runs use torch.distributed.pipelining's schedules (torchtitan/distributed/
+    # pipeline_parallel.py); its own gradient accumulation reduce-scatters every micro-batch
+    # (train.py `train_step` calls plain backward per micro-batch, v0.2.2); reduce dtype fp32
+    pipeline_defers_fsdp_reduction=True, fsdp_accumulated_grad_bytes=4.0,
+    # selective_ac_option "op" (torchtitan v0.2.0-v0.2.2, torchtitan/distributed/
+    # activation_checkpoint.py `_apply_op_sac`: "Saves output of all compute ops, except every
+    # second mm"), counted per layer in the order the Llama block calls them: wq, wk, wv, wo, w1,
+    # w3, w2 (torchtitan/models/llama3/model/model.py), so the 1st, 3rd, 5th and 7th are kept
+    selective_saves=("wq", "wv", "w1", "w2"),
+    # train_step starts with `self.optimizers.zero_grad()` (torchtitan/train.py, v0.2.2), which
+    # sets every grad to None; FSDP2 makes each sharded gradient in that step's backward, so with
+    # one micro-batch the activation peak (the logits' backward) holds none of them. Its default
+    # optimizer is fused (job_config.py `implementation: ... = "fused"`): no step temporaries.
+    grads_freed_each_step=True,
+)
+
+BUILTIN: Final = MemoryProfile(
+    name="builtin",
+    description=(
+        "the built-in workload (sweep.workload): fp32 params and grads under torch.autocast (bf16 "
+        "weight casts saved for backward, fp32 residual stream); ZeRO 0 = DDP, 1 = "
+        "ZeroRedundancyOptimizer + DDP, 2/3 = FSDP2 without a mixed-precision policy (fp32 gathers; "
+        "whole fp32 gradients while it accumulates micro-batches)"),
+    weight_bytes=4.0, grad_bytes=4.0, ddp_bucket_bytes=4.0, fp32_grad_bytes=0.0, master_bytes=0.0,
+    optimizer_bytes=8.0, zero_shards_over_cp=True, weights_shard_from_zero=2, fsdp_unsharded_layers=2,
+    fsdp_gathered_bytes=4.0, autocast_weight_bytes=2.0, residual_bytes=4.0, stage_split="even",
+    # sweep.workload.parallel.DataParallel.accumulate defers FSDP's reduction to the last
+    # micro-batch, and its pipelines run torch's schedules; fp32 parameters, no reduce dtype
+    pipeline_defers_fsdp_reduction=True, grad_acc_defers_fsdp_reduction=True,
+    fsdp_accumulated_grad_bytes=4.0,
+    # Counted from what sweep.workload.model saves (tests/workload/test_saved_activations.py
+    # measures it): RMSNorm keeps its fp32 input and its fp32 output (the `* weight` saves it);
+    # autocast casts the normed input once per linear (wq, wk, wv; w1, w3); K/V are repeated to
+    # the query heads before SDPA; its selective policy keeps every mm and attention output;
+    # cross-entropy keeps the fp32 log-softmax, and its backward holds two fp32 gradients beside
+    # it (12 bytes per logit); the optimizer sets param.grad to None after each step. Its AdamW
+    # takes PyTorch's default implementation, foreach on CUDA: an fp32 sqrt(v) of every parameter
+    # at the step (on CPU the default is per tensor, so this over-counts a CPU run by that much).
+    norm_saves_output=True, linear_input_copies=5, kv_saved_at_query_width=True,
+    selective_saves=("wq", "wk", "wv", "wo", "w1", "w3", "w2"), logits_bytes_per_element=12.0,
+    # the bf16 logits, their fp32 copy and the fp32 log-softmax while cross-entropy's forward runs
+    # (MemTracker: 10.0 bytes per logit), beside autocast's cache of every layer's weight cast
+    logits_forward_bytes_per_element=10.0,
+    grads_freed_each_step=True, optimizer_step_temp_bytes=4.0,
+)
+
+# Not a framework the planner runs: the profile under which the published llm-foundry (Composer FSDP,
+# MPT) configurations are checked. MPT trains with flash-attn's fused cross-entropy, which keeps only
+# the bf16 logits and writes their gradient in place (4 bytes per vocab element at the peak).
+LLMFOUNDRY: Final = replace(
+    TORCHTITAN, name="llmfoundry",
+    description="llm-foundry/Composer FSDP (as torchtitan) with the fused cross-entropy of MPT",
+    logits_bytes_per_element=4.0, selective_saves=(),
+    grads_freed_each_step=False,  # Composer's FSDP(1) and its zero_grad: not read, so not assumed
+)
+
+# Not a framework the planner runs: the profile under which BLOOM-176B's topology sweep (2022,
+# Megatron-DeepSpeed with DeepSpeed ZeRO-1 on A100 80 GB, sweep.validation.bloom_reference) is checked. The
+# module keeps bf16 (or fp16) weights and their gradients, unsharded; DeepSpeed's ZeRO-1 shards the
+# fp32 master copy and Adam's moments over DP and makes an fp32 gradient partition at the step.
+# Megatron's fused softmax (no flash attention) saves s x s tensors per head unless recomputed.
+# The CUDA context is the one the sweep's chronicle measured on an A100 ("1573MiB for cuda
+# kernels", bigscience train/tr11-176B-ml/chronicles-prequel.md).
+MEGATRON_DEEPSPEED: Final = replace(
+    MEGATRON, name="megatron-deepspeed",
+    description=("Megatron-DeepSpeed with DeepSpeed ZeRO-1 (BLOOM's 2022 sweep): bf16 params and "
+                 "grads, fp32 master + Adam sharded over dp, fp32 gradient partition at the step; "
+                 "fused softmax attention; DeepSpeed's even split of the layers"),
+    grad_bytes=2.0, fp32_grad_bytes=0.0, optimizer_step_temp_bytes=4.0, flash_attention=False,
+    stage_split="even", cuda_context_bytes=1573 * MiB,
+)
+
+PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
+    {p.name: p for p in (NANOTRON, MEGATRON, TORCHTITAN, BUILTIN)})
+
+
+# The environment variables that configure PyTorch's CUDA caching allocator (the second is the
+# device-generic name that recent releases document, torch.cuda.memory.get_allocator_backend).
+# The fragmentation constants were fitted on runs that set neither: `expandable_segments`,
+# `max_split_size_mb` or `garbage_collection_threshold` change what the allocator reserves beyond
+# live tensors.
+ALLOCATOR_ENV: Final = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def allocator_settings(envs: Iterable[Mapping[str, str]]) -> list[str]:
+    """The caching-allocator settings among run environments, as NAME=value, once each."""
+    found = {f"{name}={env[name]}" for env in envs for name in ALLOCATOR_ENV if name in env}
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """The four allocator constants: the three fragmentation shares and the floor. The fitted
+    ones are every profile's own; a spec can name others (`constraints.allocator`, fitted on a
+    cluster's own runs by `sweep memory-check RUNS --write-constants`), and `sweep.validation.memory_fit` searches
+    them."""
+
+    sequential: float
+    pipelined: float
+    logits: float
+    floor_bytes: int
+
+    def apply(self, profile: str | MemoryProfile) -> MemoryProfile:
+        """The profile with these constants in place of its own."""
+        return replace(get_profile(profile), fragmentation_sequential=self.sequential,
+                       fragmentation_pipelined=self.pipelined, fragmentation_logits=self.logits,
+                       reserved_floor_bytes=int(self.floor_bytes))
+
+    @classmethod
+    def of(cls, profile: str | MemoryProfile) -> Allocator:
+        p = get_profile(profile)
+        return cls(p.fragmentation_sequential, p.fragmentation_pipelined, p.fragmentation_logits,
+                   p.reserved_floor_bytes)
+
+    def describe(self) -> str:
+        return (f"sequential {self.sequential:g}, pipelined {self.pipelined:g}, logits "
+                f"{self.logits:g}, floor {self.floor_bytes / MiB:g} MiB")
+
+
+def profile_with(framework: str, allocator: Allocator | None) -> MemoryProfile:
+    """A framework's profile with `allocator`'s constants in place of its own (None: as fitted)."""
+    return get_profile(framework) if allocator is None else allocator.apply(framework)
+
+
+def get_profile(name: str | MemoryProfile) -> MemoryProfile:
+    """A profile by framework name; a MemoryProfile passes through (for frameworks outside PROFILES)."""
+    if isinstance(name, MemoryProfile):
+        return name
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown memory profile {name!r}; known: {', '.join(PROFILES)}") from None
