@@ -1,4 +1,8 @@
-"""The README's generated sections match the code they document (run this file to refresh them)."""
+"""The generated sections of the README and the docs pages match the code they document.
+
+A section is the text between `<!-- NAME:begin -->` and `<!-- NAME:end -->`, in exactly one of
+README.md and docs/**/*.md. Run this file (`python tests/test_readme.py`) to refresh them all.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,14 @@ from sweep.collect import schema
 from sweep.frameworks.matrix import capability_tables, support_matrix
 from sweep.job import classify
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def documents() -> list[Path]:
+    """The README and every docs page: where a generated section may live."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
 
 
 def generated_sections() -> dict[str, str]:
@@ -33,11 +44,30 @@ def refresh(text: str) -> str:
     return text
 
 
-def test_the_schema_and_the_classification_rules_in_the_readme_are_current() -> None:
-    text = README.read_text(encoding="utf-8")
+def holders(name: str) -> list[tuple[Path, int]]:
+    """Each document that marks the section, with how many times it does."""
+    marks = []
+    for path in documents():
+        count = path.read_text(encoding="utf-8").count(f"<!-- {name}:begin -->")
+        if count:
+            marks.append((path.relative_to(ROOT), count))
+    return marks
+
+
+def test_each_generated_section_lives_in_exactly_one_place() -> None:
+    for name in generated_sections():
+        marks = holders(name)
+        assert [count for _, count in marks] == [1], \
+            f"section {name!r} must be marked once across README.md and docs/, found: {marks or 'none'}"
+
+
+def test_the_generated_sections_are_current() -> None:
     for name, body in generated_sections().items():
-        assert section(text, name) == body, \
-            f"README section {name!r} is stale: run `python tests/test_readme.py`"
+        for path in documents():
+            text = path.read_text(encoding="utf-8")
+            if f"<!-- {name}:begin -->" in text:
+                assert section(text, name) == body, \
+                    f"{path.relative_to(ROOT)}: section {name!r} is stale: run `python tests/test_readme.py`"
 
 
 def test_the_readme_gives_the_two_commands_that_ci_runs() -> None:
@@ -49,4 +79,9 @@ def test_the_readme_gives_the_two_commands_that_ci_runs() -> None:
 
 
 if __name__ == "__main__":
-    README.write_text(refresh(README.read_text(encoding="utf-8")), encoding="utf-8")
+    for document in documents():
+        before = document.read_text(encoding="utf-8")
+        after = refresh(before)
+        if after != before:
+            document.write_text(after, encoding="utf-8")
+            print(f"refreshed {document.relative_to(ROOT)}")
