@@ -1,13 +1,15 @@
 """Fit the throughput model's coefficients to measured step times.
 
-The model is linear in its coefficients (`sweep.models.throughput`). The fit minimises a robust loss
-of the log error, so over- and under-prediction weigh the same and a few runs that a sick node
-slowed down tenfold do not pull every coefficient; coefficients stay positive. (Least squares
-on relative step time, tried first, left a median error of 46 % on the playbook's runs: it lets
-the heavy tail of slowed runs drag the fit; this loss gave 26 %, 23 % since the model charges
-pipeline runs their per-layer TP cost, and 12.9 % without the pre-fix pipeline runs that
-nanotron's results table flags; `sweep.models.throughput` has the history.) The one non-linear
-coefficient, inter_scaling, is picked from a grid.
+The model is linear in its coefficients (`sweep.models.throughput`) but for two, inter_scaling
+(how the inter-node bandwidth per GPU falls with the nodes a group spans) and overlap_power (how
+the GPU's and the host's queues combine). The fit minimises a robust (pseudo-Huber) loss of the
+log error, log(predicted / measured step time): over- and under-prediction weigh the same, and
+the few runs that a sick node or a congested fabric slowed down tenfold cannot pull every
+coefficient towards them, as they would under squared relative error. It fits each coefficient
+as its prior times exp(φ), so every coefficient stays positive (each term is a time), with a weak
+ridge that keeps a term the runs cannot see at its physical prior, and solves to the minimum
+itself, so a fit reproduces on another machine. inter_scaling and overlap_power come from grids,
+by the one-standard-error rule (`simplest_within_one_error`).
 
 Pure: no I/O.
 """
