@@ -180,8 +180,8 @@ def start_up(sweep_dir: Path) -> pd.DataFrame:
 def predicted_step(runs: pd.DataFrame, spec_path: Path) -> pd.Series:
     """The step time `sweep plan` predicts for each run: the physical throughput prior with the
     built-in's counted memory-bound bytes (`sweep.models.traffic`) on the spec's GPU."""
-    from sweep.calibration.throughput_fit import workloads_for
     from sweep.models.throughput import Coefficients, predict
+    from sweep.plan.predictions import workloads_for
     from sweep.plan.spec import load_spec
 
     work = workloads_for(load_spec(spec_path))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.calibration.throughput_fit import workloads_for
+from sweep.plan.predictions import workloads_for
 from sweep.plan.spec import load_spec
 from sweep.search.search_report import score
 from sweep.search.strategies import Params, search

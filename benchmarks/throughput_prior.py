@@ -1,5 +1,5 @@
 """The throughput prior a plan starts from, on a model it was not fitted on: the physical prior
-against the fit to nanotron's published H100 runs (what `sweep.calibration.throughput_fit.default_prior` gives a
+against the fit to nanotron's published H100 runs (what `sweep.plan.predictions.default_prior` gives a
 nanotron sweep on H100).
 
 For each model M of nanotron's full 1B/8B results table, the fitted prior is refitted on the
@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibration.throughput_fit import default_prior
 from sweep.models.throughput import Coefficients, Workload, predict, world_size
+from sweep.plan.predictions import default_prior
 from sweep.plan.spec import load_spec
 from sweep.validation.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.validation.refdata import refdata_dir

@@ -5,7 +5,7 @@ For each model M of nanotron's full 1B/8B results table, two priors stand in for
 brings to a new sweep: the physical prior (`Coefficients()`, what `sweep plan` uses without a
 `throughput.json` for every framework but nanotron on H100) and the coefficients fitted on the
 other model's runs (the leave-one-model-out fold of `sweep replay --cv model`: what a nanotron
-sweep on H100 starts from, `sweep.calibration.throughput_fit.default_prior`, without the model left out). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
+sweep on H100 starts from, `sweep.plan.predictions.default_prior`, without the model left out). A first round of N of M's completed runs, drawn at random, then calibrates, and the rest
 of M's runs are scored: the median and 90th percentile of |predicted / measured − 1| of
 tokens/s/GPU (nanotron's pre-fix pipeline runs and the sick-node runs left out, as every
 throughput figure). Each figure is the mean over seeds.

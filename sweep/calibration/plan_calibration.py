@@ -4,7 +4,7 @@ throughput coefficients it predicts with, and the files that record them in the 
 With RUNS (`--calibrate-from`, a runs.parquet of this sweep's own attempts) the memory model is
 corrected with the attempts' measured peaks and outcomes (`sweep.calibration.memory_self_calibration`), the plan is
 re-planned, and the throughput model the plan predicts with (`--coefficients`, else the sweep
-folder's throughput.json, else `sweep.calibration.throughput_fit.default_prior`) is calibrated on their step times
+folder's throughput.json, else `sweep.plan.predictions.default_prior`) is calibrated on their step times
 (`sweep.calibration.throughput_self_calibration`: scaled, or refitted where that cross-validates better);
 what was used goes to calibration.json and throughput.json. Without RUNS, the memory correction
 recorded in calibration.json is applied again, so a later `sweep plan` of the same spec keeps
@@ -32,11 +32,11 @@ from sweep.calibration.throughput_coefficients import (
     self_calibration_payload,
     sweep_coefficients,
 )
-from sweep.calibration.throughput_fit import describe_default_prior, with_predictions
 from sweep.calibration.throughput_self_calibration import self_calibrate
 from sweep.core.errors import UserError
 from sweep.core.units import GiB
 from sweep.models.throughput import Coefficients
+from sweep.plan.predictions import describe_default_prior, with_predictions
 from sweep.plan.spec import Spec
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.calibration.throughput_fit import model_names_for, without_fit_exclusions, workloads_for
+from sweep.calibration.throughput_fit import without_fit_exclusions
 from sweep.core.errors import UserError
 from sweep.models.throughput import MEASURED_INTER_NODE, Workload
+from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import Spec
 
 INTER_NODE_BUSBW = "AllReduce (GB/s)"  # nanotron's all-reduce test over all of a job's nodes

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from sweep.calibration.throughput_fit import default_prior
 from sweep.core.errors import UserError
 from sweep.core.state import file_sha256
 from sweep.models.throughput import Coefficients
+from sweep.plan.predictions import default_prior
 from sweep.plan.spec import Spec
 
 if TYPE_CHECKING:

@@ -28,10 +28,10 @@ import pandas as pd
 
 from sweep.calibration.runs_table import normalise_runs, read_runs_frame
 from sweep.calibration.throughput_coefficients import load_coefficients
-from sweep.calibration.throughput_fit import model_names_for, workloads_for
 from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.core.errors import UserError
 from sweep.models.throughput import Coefficients, Workload
+from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import load_spec
 from sweep.search.search_report import score
 from sweep.search.strategies import STRATEGIES, Params, search

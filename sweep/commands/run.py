@@ -29,11 +29,11 @@ from sweep.backends.base import Rounds
 from sweep.backends.local.backend import LocalBackend, LocalResult, finished, reap_orphans, runner_lock
 from sweep.backends.slurm.preflight import visible_gpu_ids
 from sweep.calibration.throughput_coefficients import sweep_coefficients
-from sweep.calibration.throughput_fit import workloads_for
 from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.core.errors import UserError
 from sweep.core.runconfig import load as load_run
 from sweep.core.state import LockHeld
+from sweep.plan.predictions import workloads_for
 from sweep.search.live_search import search_sweep
 from sweep.search.render_sweep import Rendered, render_sweep
 from sweep.search.round_calibration import for_search

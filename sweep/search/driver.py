@@ -99,9 +99,9 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     from sweep.backends.slurm.backend import SlurmBackend
     from sweep.backends.slurm.tracker import LEFT_OUT_FILE, Tracker
     from sweep.calibration.throughput_coefficients import sweep_coefficients
-    from sweep.calibration.throughput_fit import workloads_for
     from sweep.plan.budget import BudgetReached
     from sweep.plan.plan_file import PLAN_FILE, SPEC_COPY
+    from sweep.plan.predictions import workloads_for
     from sweep.plan.spec import load_spec
     from sweep.search.live_search import search_sweep
     from sweep.search.round_calibration import for_search

@@ -39,9 +39,9 @@ def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | Non
                  ) -> Rendered:
     """Plan (or reuse the sweep folder's current plan) and render every kept run."""
     from sweep.calibration.throughput_coefficients import sweep_coefficients
-    from sweep.calibration.throughput_fit import with_predictions
     from sweep.plan import space
     from sweep.plan.plan_file import PLAN_FILE, SPEC_COPY, planned_hash, write_plan
+    from sweep.plan.predictions import with_predictions
     from sweep.plan.render import render_runs
     from sweep.plan.spec import load_spec
 

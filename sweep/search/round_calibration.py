@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration import memory_self_calibration
-from sweep.calibration.throughput_fit import with_predictions
 from sweep.collect.attempts import RUNS_FILE
 from sweep.core.state import append_jsonl, atomic_write_json, atomic_write_with, read_jsonl
 from sweep.models.throughput import Coefficients
 from sweep.plan import space
 from sweep.plan.plan_file import PLAN_FILE
+from sweep.plan.predictions import with_predictions
 from sweep.plan.render import render_runs
 from sweep.plan.spec import Spec
 from sweep.search.strategies import Replanned

@@ -69,7 +69,7 @@ from sweep.search.oom_rules import (
 
 STRATEGIES: Final = ("exhaustive", "pruned", "adaptive", "shortlist")
 FAMILY: Final = ("tp", "pp", "zero_stage")  # what adaptive exploration spreads over
-# The plan's predicted throughput of a candidate (`sweep.calibration.throughput_fit.with_predictions`).
+# The plan's predicted throughput of a candidate (`sweep.plan.predictions.with_predictions`).
 PLAN_PREDICTION: Final = "pred_tokens_per_s_per_gpu"
 
 

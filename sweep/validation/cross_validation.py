@@ -31,15 +31,9 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration.runs_table import normalise_runs
-from sweep.calibration.throughput_fit import (
-    error_summary,
-    fit,
-    model_names_for,
-    relative_errors,
-    without_fit_exclusions,
-    workloads_for,
-)
+from sweep.calibration.throughput_fit import error_summary, fit, relative_errors, without_fit_exclusions
 from sweep.models.throughput import Coefficients, Workload
+from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import Spec
 from sweep.search.search_report import score
 from sweep.search.strategies import Params, search

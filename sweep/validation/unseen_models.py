@@ -29,11 +29,11 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
-from sweep.calibration.throughput_fit import model_names_for, with_predictions, workloads_for
 from sweep.core.model import ModelShape
 from sweep.models.flops import flops_per_token
 from sweep.models.throughput import Coefficients, predict
 from sweep.plan import space
+from sweep.plan.predictions import model_names_for, with_predictions, workloads_for
 from sweep.plan.spec import Spec
 
 HEATMAP_FILE: Final = "playbook_best_configs_heatmap.csv"

@@ -127,7 +127,7 @@ def test_calibrated_on_one_playbook_model_predicts_the_other_on_small_jobs(
 
 
 def test_every_row_of_a_real_plan_gets_a_prediction() -> None:
-    from sweep.calibration.throughput_fit import predict_plan
+    from sweep.plan.predictions import predict_plan
     from sweep.plan.space import plan
     from sweep.plan.spec import parse_spec
 
@@ -146,7 +146,7 @@ def test_every_row_of_a_real_plan_gets_a_prediction() -> None:
 
 def test_a_plan_ranks_its_kept_rows_within_each_cell_by_predicted_throughput() -> None:
     """`pred_rank` is the shortlist's order: 1 is the cell's fastest prediction."""
-    from sweep.calibration.throughput_fit import default_prior, with_predictions
+    from sweep.plan.predictions import default_prior, with_predictions
     from sweep.plan.space import plan
     from sweep.plan.spec import parse_spec
 

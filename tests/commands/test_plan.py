@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from sweep.calibration.throughput_fit import default_prior, predict_plan
 from sweep.cli import main
 from sweep.models import fitted_throughput
 from sweep.models.throughput import Coefficients
+from sweep.plan.predictions import default_prior, predict_plan
 from sweep.plan.spec import load_spec
 
 SPEC = """\

@@ -19,10 +19,10 @@ import psutil
 import pytest
 import yaml
 
-from sweep.calibration.throughput_fit import workloads_for
 from sweep.cli import main
 from sweep.core.state import SEARCH_PROGRESS_FILE, attempt_dirs, read_json
 from sweep.models.throughput import Coefficients, predict
+from sweep.plan.predictions import workloads_for
 from sweep.plan.spec import load_spec
 from sweep.search.live_search import SEARCH_RUNS_FILE, outcomes_from_runs
 

@@ -265,7 +265,7 @@ def test_progress_accounts_for_every_candidate_of_every_cell() -> None:
 
 def test_planner_rows_go_straight_into_a_search() -> None:
     """The thin interface to `sweep.plan.space.plan`: its kept rows are the candidates."""
-    from sweep.calibration.throughput_fit import workloads_for
+    from sweep.plan.predictions import workloads_for
     from sweep.plan.space import plan
     from sweep.plan.spec import parse_spec
 
@@ -288,7 +288,7 @@ def test_planner_rows_go_straight_into_a_search() -> None:
 
 
 def test_dominance_uses_the_planners_memory_estimate_when_the_rows_carry_it() -> None:
-    from sweep.calibration.throughput_fit import workloads_for
+    from sweep.plan.predictions import workloads_for
     from sweep.plan.space import plan
     from sweep.plan.spec import parse_spec
     from sweep.search.oom_rules import PLANNER_MEMORY

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sweep.calibration.throughput_fit import default_prior
 from sweep.core.state import file_sha256
 from sweep.models import fitted_throughput
 from sweep.models.throughput import Coefficients
+from sweep.plan.predictions import default_prior
 from sweep.plan.spec import Spec, load_spec
 from sweep.validation import throughput_reference
 
