@@ -3,7 +3,9 @@
 #   1. the virtualenv with llm-sweep, torch (CPU wheel) and pytest   (scripts/setup-env.sh)
 #   2. shellcheck, to lint rendered sbatch scripts                     (Debian package)
 #   3. a real Slurm cluster: munge, MariaDB+slurmdbd, slurmctld, 4 slurmd (scripts/local-slurm.sh)
-# Then pytest over tests/. Extra arguments go to pytest (e.g. -k watchdog, -m "not slow").
+# Then pytest over tests/, on SWEEP_TEST_WORKERS pytest-xdist workers (default 4; a file's tests
+# stay on one worker, the live-Slurm tests run one at a time: tests/conftest.py). Extra arguments go to pytest
+# (e.g. -k watchdog, -m "not slow", -n 0 for one process).
 # SWEEP_NO_SLURM=1 skips step 3 (the Slurm tests then skip instead of failing).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,7 +34,7 @@ if [[ "${SWEEP_NO_SLURM:-0}" != 1 ]]; then
 fi
 
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest -n "${SWEEP_TEST_WORKERS:-4}" --dist loadgroup "$@"
 status=$?
 set -e
 if [[ $status -eq 5 ]]; then

@@ -67,6 +67,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
             f"{FETCH_HINT}.", yellow=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """How pytest-xdist (`--dist loadgroup`, scripts/test.sh) shares the tests among workers: a
+    file's tests stay together, so its module-scoped fixtures (the demo sweep, the fits on the
+    reference data) are built once; the live-cluster tests, which share the local cluster's four
+    nodes and of which some kill a node's slurmd, run one at a time on one worker."""
+    for item in items:
+        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def slurm_available() -> bool:
     """A live local cluster: `scontrol ping` answers."""
     import shutil

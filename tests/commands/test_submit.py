@@ -28,37 +28,18 @@ from tests.slurm_sweeps import (
     wait_until_gone,
     wait_until_settled,
 )
+from tests.specs import tiny_cpu_spec
 
 __all__ = ["job_path"]  # a fixture
 
-SPEC = """
-name: {name}
-framework: builtin
-gpu: cpu
-gpus_per_node: 1
-dtype: fp32
-models: [tiny-4l]
-nodes: [2]
-seq_len: 64
-global_batch: {{sequences: 4}}
-axes: {{tp: [1], pp: [1, 2], mbs: [2], zero_stage: [0], recompute: [none], pp_schedule: [1f1b]}}
-run:
-  steps: 4
-  warmup_steps: 1
-  time_limit: "00:03:00"
-  mem: "1500M"
-  startup_timeout_s: 90
-  hang_timeout_s: 60
-  signal_before_s: 20
-  exclusive: false
-"""
 
 
 @pytest.fixture
 def spec(sweep_name: str, tmp_path: Path) -> Path:
-    """SPEC, named after the test, in a file (the sweep folder goes to tmp_path / "sweep")."""
-    path = tmp_path / "spec.yaml"
-    path.write_text(SPEC.format(name=sweep_name))
+    """The tiny CPU sweep of two-node runs, with and without a pipeline, named after the test
+    (the sweep folder goes to tmp_path / "sweep")."""
+    path = tiny_cpu_spec(tmp_path / "spec.yaml", sweep_name, nodes=[2],
+                         axes={"pp": [1, 2]}, run={"steps": 4, "mem": "1500M"})
     return path
 
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow.parquet as pq
@@ -39,31 +40,20 @@ from sweep.search.driver import (
 )
 from sweep.search.live_search import SEARCH_RUNS_FILE
 from tests.slurm_sweeps import job_path
+from tests.specs import tiny_cpu_spec
 
 __all__ = ["job_path"]  # a fixture
 
-SPEC = """
-name: {name}
-framework: builtin
-gpu: cpu
-gpus_per_node: 1
-dtype: fp32
-models: [tiny-4l]
-nodes: [1]
-seq_len: 64
-global_batch: {{sequences: 4}}
-axes: {{tp: [1], pp: [1], mbs: [1, 2], zero_stage: [0], recompute: [none, full], pp_schedule: [1f1b]}}
-run:
-  steps: 3
-  warmup_steps: 1
-  time_limit: "00:03:00"
-  mem: "800M"
-  startup_timeout_s: 90
-  hang_timeout_s: 60
-  signal_before_s: 20
-  exclusive: false
-driver: {{time_limit: "{limit}", mem: "400M", signal_before_s: {signal}}}
-"""
+
+def write_spec(tmp_path: Path, name: str, limit: str = "00:10:00", signal: int = 60,
+               **changes: Any) -> Path:
+    """The tiny CPU sweep over two micro-batch sizes and two recomputation modes (4 runs), with
+    a driver of `limit` that is signalled `signal` seconds before it."""
+    return tiny_cpu_spec(tmp_path / "spec.yaml", name,
+                         axes={"mbs": [1, 2], "recompute": ["none", "full"]},
+                         driver={"time_limit": limit, "mem": "400M", "signal_before_s": signal},
+                         **changes)
+
 RUNS = 4
 RUN_UPPER_GPU_HOURS = 180 / 3600  # one GPU × the 3-minute time limit
 
@@ -98,8 +88,7 @@ def test_a_starting_driver_acts_only_when_driver_json_names_it() -> None:
 
 def test_a_detached_dry_run_submits_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                             ) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.format(name="dry", limit="00:10:00", signal=60))
+    spec = write_spec(tmp_path, "dry")
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned",
                  "--dry-run"]) == 0
@@ -148,9 +137,8 @@ def test_a_worst_case_above_the_threshold_needs_yes_without_a_terminal(
     import io
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal: a script, a cron job
-    spec = tmp_path / "spec.yaml"  # 4 runs × 1 GPU × 13 days: 1,248 GPU-hours at worst
-    spec.write_text(SPEC.format(name="big", limit="00:10:00", signal=60)
-                    .replace('time_limit: "00:03:00"', 'time_limit: "13-00:00:00"'))
+    # 4 runs × 1 GPU × 13 days: 1,248 GPU-hours at worst
+    spec = write_spec(tmp_path, "big", run={"time_limit": "13-00:00:00"})
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--strategy", "pruned"]) == 2
     err = capsys.readouterr().err
@@ -162,12 +150,6 @@ def test_a_worst_case_above_the_threshold_needs_yes_without_a_terminal(
 
 
 # -- on the cluster -------------------------------------------------------------------------
-
-def write_spec(tmp_path: Path, name: str, limit: str = "00:10:00", signal: int = 60) -> Path:
-    path = tmp_path / "spec.yaml"
-    path.write_text(SPEC.format(name=name, limit=limit, signal=signal))
-    return path
-
 
 def submit_detached(spec: Path, out: Path, *extra: str, strategy: str = "pruned") -> float:
     """`sweep submit --detach` as a user's shell runs it, in its own session (a login shell

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,25 +17,12 @@ import pytest
 from sweep.backends.slurm.preflight import node_check, sbatch_options, script_text, target_of
 from sweep.cli import main
 from tests.slurm_sweeps import sweep_tasks, wait_until_settled
+from tests.specs import tiny_cpu_spec
 
 RUN_JSON = {"framework": "builtin", "gpu": "cpu", "gpus_per_node": 2,
             "settings": {"python": "/opt/venv bench/bin/python", "partition": "debug",
                          "account": "proj-1", "setup": ["module load cuda/12.4"]}}
 
-SPEC = """
-name: {name}
-framework: builtin
-gpu: cpu
-gpus_per_node: 1
-dtype: fp32
-models: [tiny-4l]
-nodes: [1]
-seq_len: 64
-global_batch: {{sequences: 2}}
-axes: {{tp: [1], pp: [1], mbs: [2], zero_stage: [0], recompute: [none]}}
-run: {{steps: 3, warmup_steps: 1, time_limit: "00:02:00", mem: "1000M", signal_before_s: 20,
-      exclusive: false{extra}}}
-"""
 
 
 def test_the_target_comes_from_the_run_and_its_key_from_every_setting() -> None:
@@ -93,17 +81,17 @@ def test_the_node_check_refuses_a_gpu_type_other_than_the_specs(
     assert "--gpu h100-sxm" in script_text(target, tmp_path)
 
 
-def spec_file(tmp_path: Path, name: str, extra: str = "") -> Path:
-    path = tmp_path / "spec.yaml"
-    path.write_text(SPEC.format(name=name, extra=extra))
-    return path
+def spec_file(tmp_path: Path, name: str, **run: Any) -> Path:
+    """One tiny CPU run (two sequences a step), with `run` settings changed."""
+    return tiny_cpu_spec(tmp_path / "spec.yaml", name, global_batch={"sequences": 2},
+                         run={"time_limit": "00:02:00", "mem": "1000M", **run})
 
 
 @pytest.mark.slurm
 def test_a_bad_interpreter_is_caught_in_seconds_and_nothing_is_submitted(
         slurm_cluster: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    spec = spec_file(tmp_path, sweep_name, ", python: /nonexistent/venv/bin/python3")
+    spec = spec_file(tmp_path, sweep_name, python="/nonexistent/venv/bin/python3")
     out = tmp_path / "sweep"
     started = time.monotonic()
     assert main(["submit", str(spec), "--out", str(out)]) == 2
@@ -134,7 +122,7 @@ def test_a_good_preflight_passes_once_and_is_remembered(
 def test_status_and_collect_agree_on_a_job_that_died_before_writing_anything(
         slurm_cluster: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    spec = spec_file(tmp_path, sweep_name, ", python: /nonexistent/venv/bin/python3")
+    spec = spec_file(tmp_path, sweep_name, python="/nonexistent/venv/bin/python3")
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--no-preflight", "--no-report"]) == 0
     observation = wait_until_settled(out, timeout_s=120)
