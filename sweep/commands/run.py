@@ -148,6 +148,22 @@ def local_gpus(rendered: Rendered, spec_path: Path) -> list[str] | None:
     return ids
 
 
+def measure_cpu_peaks(out: Path, run_dirs: list[Path], console: Console) -> None:
+    """Before the sweep's first run, measure this host's CPU peak for every shape of its CPU runs
+    (dtype, ranks per node, threads per rank) into <out>/peaks/, with nothing of the sweep
+    running: each run then divides by a peak measured the same way (sweep.workload.peak). A peak
+    the sweep already has is kept."""
+    from sweep.workload.peak import cpu_threads_per_rank, ensure_cpu_peak
+
+    configs = [load_run(run_dir) for run_dir in run_dirs]
+    shapes = sorted({(c.dtype, c.gpus_per_node) for c in configs if c.gpu.lower() == "cpu"})
+    for dtype, ranks in shapes:
+        value, source = ensure_cpu_peak(out, dtype, ranks, cpu_threads_per_rank(ranks),
+                                        measured_by="sweep run, before the sweep's first run")
+        console.print(f"CPU peak: {value / 1e9:.4g} GFLOP/s per rank, {source}",
+                      highlight=False, soft_wrap=True)
+
+
 def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
                 gpus: list[str] | None = None) -> None:
     """Everything after rendering, while this process holds the sweep's runner lock."""
@@ -161,6 +177,8 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
                   f"{rendered.plan_source}, {len(run_dirs) - len(pending)} already have a "
                   f"verdict → {out}", highlight=False, soft_wrap=True)
 
+    if gpus is None:
+        measure_cpu_peaks(out, run_dirs, console)
     with RunProgress(console) as progress:
         backend = LocalBackend(args.slots, on_start=progress.started,
                                on_finish=progress.finished, gpus=gpus)

@@ -35,7 +35,7 @@ from sweep.workload.parallel import (
     build_optimizer,
     import_layout_modules,
 )
-from sweep.workload.peak import catalog_peak, measure_cpu_matmul_peak, peak_file, read_stored_peak, store_peak
+from sweep.workload.peak import catalog_peak, cpu_threads_per_rank, ensure_cpu_peak
 
 MEMTRACK_FILE = "memtrack.json"
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -230,24 +230,18 @@ def sweep_dir_of(attempt_dir: Path) -> Path:
 
 def _dense_peak(cfg: RunConfig, device: torch.device,
                 attempt_dir: Path) -> tuple[float, str]:
-    """The catalog's peak on GPUs; on CPU the sweep's stored peak for this host, measured by
-    the first run that needs it (rank 0 decides, every rank uses its answer)."""
+    """The catalog's peak on GPUs; on CPU the sweep's stored peak for this host and shape
+    (sweep.workload.peak): `sweep run` measured it before the sweep's first run; where none is
+    stored yet, rank 0 measures it now, with the run's ranks per node and threads per rank,
+    while every rank waits, and every rank uses its answer."""
     if device.type == "cuda":
         return catalog_peak(cfg.gpu, cfg.dtype)
-    path = peak_file(sweep_dir_of(attempt_dir), cfg.dtype, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                     torch.get_num_threads())
-    known: list[tuple[float, str] | None] = [read_stored_peak(path) if dist.get_rank() == 0
-                                             else None]
-    dist.broadcast_object_list(known, src=0)
-    if known[0] is not None:
-        return known[0]
-    dist.barrier()
-    value, source = measure_cpu_matmul_peak(cfg.dtype)
-    total = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(total)
     decided: list[tuple[float, str] | None] = [None]
     if dist.get_rank() == 0:
-        decided[0] = store_peak(path, float(total.item()) / dist.get_world_size(), source)
+        decided[0] = ensure_cpu_peak(sweep_dir_of(attempt_dir), cfg.dtype,
+                                     int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                     torch.get_num_threads(),
+                                     measured_by=f"run {cfg.run_id}, before its first step")
     dist.broadcast_object_list(decided, src=0)
     assert decided[0] is not None
     return decided[0]
@@ -267,8 +261,7 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     except ValueError as error:
         raise WorkloadError(f"run.json {error}") from None
     if device.type == "cpu":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(cpu_threads_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     import_layout_modules(cfg.layout)
     probe = MemoryProbe(device)
     result = TrainResult()

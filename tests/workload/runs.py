@@ -40,6 +40,10 @@ def workload_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("SWEEP_ATTEMPT_DIR", None)
+    # each run folder measures its own CPU peak (sweep.workload.peak): short trials suffice here,
+    # where the tests are of training, not of the peak (tests/workload/test_peak.py)
+    env.setdefault("SWEEP_CPU_PEAK_TRIALS", "2")
+    env.setdefault("SWEEP_CPU_PEAK_TRIAL_S", "0.05")
     return env | extra
 
 

@@ -38,7 +38,8 @@ def test_standalone_run_writes_one_line_per_step_then_the_summary(
         assert record["tokens"] == 4 * 64
         assert record["flops_per_token"] == flops_per_token_all(run_config().model, 64)
         assert record["mfu_pct"] == 100 * record["mfu"]["full_attention"]
-        assert record["peak_flops_source"].startswith("measured:cpu-matmul-fp32 (once per host per sweep")
+        assert record["peak_flops_source"].startswith("measured:cpu-matmul-fp32 best of 2 trials, "
+                                                      "1 ranks × ")
         assert record["peak_flops"] > 0
         assert record["mem_source"] == "cpu-rss-anon" and len(record["mem_per_rank"]) == 1
         assert record["mem_outside_allocator_bytes"] is None  # a CUDA figure
