@@ -264,5 +264,8 @@ class Slurm:
 
 
 def _run(argv: Sequence[str], pass_fds: Sequence[int] = ()) -> subprocess.CompletedProcess[str]:
+    # A session of its own: a hang-up of the user's terminal (SIGHUP to the submitter's process
+    # group) does not kill an sbatch midway; the submitter waits for it (and, when an exception
+    # ends the wait, subprocess.run kills it).
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=180, check=False,
-                          pass_fds=tuple(pass_fds))
+                          pass_fds=tuple(pass_fds), start_new_session=True)

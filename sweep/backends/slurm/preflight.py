@@ -196,26 +196,34 @@ def run_preflight(sweep_dir: Path, target: PreflightTarget,
     output = folder / "slurm-%j.out"
     argv = ["sbatch", *sbatch_options(target, output), str(script)]
     started = time.monotonic()
+    # `sbatch --wait` runs in a session of its own, so a hang-up of the submitter's terminal
+    # (SIGHUP to its process group) does not kill it: the submitter, which notes the SIGHUP and
+    # goes on (sweep.backends.slurm.submit_record), still waits for it. Whatever else ends the
+    # wait (the timeout, Ctrl-C, SIGTERM) ends sbatch and cancels the job: nothing is orphaned.
+    wait = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
-    except subprocess.TimeoutExpired as error:
-        job = (error.stdout or b"").decode() if isinstance(error.stdout, bytes) else error.stdout
-        _cancel((job or "").strip().split(";")[0])
+        stdout, stderr = wait.communicate(timeout=timeout_s)
+    except BaseException as error:
+        wait.kill()
+        stdout, _ = wait.communicate()
+        _cancel((stdout or "").strip().split(";")[0])
+        if not isinstance(error, subprocess.TimeoutExpired):
+            raise
         raise PreflightError(
             f"the preflight job did not finish within {timeout_s:.0f} s (queued behind other "
             "jobs?); nothing was submitted. Try again with a longer --preflight-timeout, or skip "
             "it with --no-preflight") from None
-    job_id = done.stdout.strip().split(";")[0]
+    job_id = stdout.strip().split(";")[0]
     if not job_id.isdigit():
-        raise PreflightError(f"sbatch refused the preflight job: {done.stderr.strip()} "
+        raise PreflightError(f"sbatch refused the preflight job: {stderr.strip()} "
                              f"(options: {' '.join(argv[1:-1])}); fix the spec's Slurm settings")
     result = _read_result(folder / f"result-{job_id}.json")
     log = _tail(folder / f"slurm-{job_id}.out")
     if result is None:
         raise PreflightError(
             f"the preflight job {job_id} wrote no result to {folder} (exit code of sbatch "
-            f"--wait: {done.returncode}). Either its interpreter could not run llm-sweep, or the "
+            f"--wait: {wait.returncode}). Either its interpreter could not run llm-sweep, or the "
             f"sweep folder is not on a filesystem the compute nodes share. Its output:\n{log}")
     problems = list(result.get("problems") or [])
     if problems:
