@@ -14,6 +14,7 @@ from typing import Final
 import pandas as pd
 
 from analysis.checks import check_failures, run_name
+from sweep.core.layout import LAYOUT_COLUMNS, LAYOUT_INT_COLUMNS, PIPELINE_SCHEDULE
 from sweep.core.units import GiB
 
 METRICS: Final = ("mfu", "tokens_per_sec_per_gpu")
@@ -23,9 +24,11 @@ DEFAULT_METRIC: Final = "mfu"
 # full_attention; for imported playbook runs it is the published figure, so the published heatmap
 # is reproduced by default and the flags say where a consistent basis would pick differently.
 DEFAULT_CONVENTION: Final = "reported"
-LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "recompute")
-BEST_CSV_COLUMNS: Final = ("model", "nodes", *LAYOUT_COLUMNS, "mfu_pct", "tokens_per_sec_per_gpu",
-                           "gpu_memory_GB")
+# The layout as best_configs.csv shows it: every column but sequence parallelism and the
+# pipeline schedule.
+SHOWN_LAYOUT_COLUMNS: Final = tuple(c for c in LAYOUT_COLUMNS if c not in ("sp", *PIPELINE_SCHEDULE))
+BEST_CSV_COLUMNS: Final = ("model", "nodes", *SHOWN_LAYOUT_COLUMNS, "mfu_pct",
+                           "tokens_per_sec_per_gpu", "gpu_memory_GB")
 
 
 def mfu_column(convention: str) -> str:
@@ -147,7 +150,7 @@ def best_configs(runs: pd.DataFrame, metric: str = DEFAULT_METRIC,
                                               for index, run in left_out.iterrows())}
             if (model, node_count) in winners.index:
                 win = winners.loc[(model, node_count)]
-                row.update({k: win[k] for k in (*LAYOUT_COLUMNS, "run_id", "attempt", "layout_label",
+                row.update({k: win[k] for k in (*SHOWN_LAYOUT_COLUMNS, "run_id", "attempt", "layout_label",
                                                  "world_size", "tokens_per_sec_per_gpu",
                                                  "mem_reserved_bytes", "mem_allocated_bytes",
                                                  "mem_source", "flops_per_token_reported")})
@@ -172,6 +175,6 @@ def best_csv_frame(best: pd.DataFrame) -> pd.DataFrame:
     """Exactly the columns of best_configs.csv (winners only), full precision."""
     winners = best[best["run_id"].notna()]
     frame = winners.loc[:, list(BEST_CSV_COLUMNS)].reset_index(drop=True)
-    for name in ("nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage"):
+    for name in ("nodes", *(c for c in SHOWN_LAYOUT_COLUMNS if c in LAYOUT_INT_COLUMNS)):
         frame[name] = frame[name].astype("int64")
     return frame

@@ -69,6 +69,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from sweep.core.layout import LAYOUT_INT_COLUMNS, LAYOUT_MODE_COLUMNS
 from sweep.core.state import file_sha256
 from sweep.core.units import GiB
 from sweep.models import memory
@@ -77,9 +78,8 @@ from sweep.plan.spec import Spec
 
 CALIBRATION_FILE: Final = "calibration.json"
 OUTCOMES: Final = ("completed", "oom")
-LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
 REQUIRED_COLUMNS: Final = ("run_id", "attempt", "framework", "model", "gpus_per_node", "seq_len",
-                           "dtype", *LAYOUT_COLUMNS, "recompute", "sp", "pp_schedule", "outcome",
+                           "dtype", *LAYOUT_INT_COLUMNS, *LAYOUT_MODE_COLUMNS, "outcome",
                            "mem_reserved_bytes", "mem_allocated_bytes", "mem_source",
                            "settings_json")
 RULE: Final = (
@@ -222,7 +222,7 @@ def evidence(attempts: pd.DataFrame, spec: Spec) -> pd.DataFrame:
     for name, group in attempts.groupby("model", sort=False):
         model = next(m for m in spec.model_shapes if m.name == name)
         columns: dict[str, np.ndarray] = {
-            k: group[k].to_numpy(np.int64) for k in LAYOUT_COLUMNS}
+            k: group[k].to_numpy(np.int64) for k in LAYOUT_INT_COLUMNS}
         columns["sp"] = group["sp"].to_numpy(bool)
         columns["recompute"] = group["recompute"].astype(str).to_numpy()
         columns["pp_schedule"] = group["pp_schedule"].astype(str).to_numpy()

@@ -16,6 +16,7 @@ import pandas as pd
 
 from sweep.calibration.throughput_fit import without_fit_exclusions
 from sweep.core.errors import UserError
+from sweep.core.layout import CELL, LAYOUT_COLUMNS_BEYOND_PLAYBOOK, PLAYBOOK_LAYOUT_COLUMNS
 from sweep.models.throughput import MEASURED_INTER_NODE, Workload
 from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import Spec
@@ -61,14 +62,13 @@ def normalise_runs(runs: pd.DataFrame, source: str, workloads: Mapping[str, Work
         if INTER_NODE_BUSBW in runs:
             frame[MEASURED_INTER_NODE] = measured_inter_node(runs)
         return frame
-    needed = {"model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage", "status",
-              "tokens_per_s_per_gpu"}
+    needed = {*CELL, *PLAYBOOK_LAYOUT_COLUMNS, "status", "tokens_per_s_per_gpu"}
     missing = sorted(needed - set(runs))
     if missing:
         raise ValueError(f"{source}: not a playbook table nor a runs table: lacks column(s) "
                          f"{missing}")
-    extra = [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp",
-                         "gpu_hours_measured", MEASURED_INTER_NODE) if c in runs]
+    extra = [c for c in (*LAYOUT_COLUMNS_BEYOND_PLAYBOOK, "gpu_hours_measured",
+                         MEASURED_INTER_NODE) if c in runs]
     return runs[sorted(needed) + extra].copy()
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from sweep.collect.schema import CONVENTIONS, DEFAULT_STEADY_STATE_POLICY
 from sweep.core import catalog
+from sweep.core.layout import LAYOUT_COLUMNS
 from sweep.core.model import ModelShape, count_parameters
 from sweep.core.runconfig import RunConfig
 from sweep.frameworks import ADAPTER_MODULES, get_adapter
@@ -38,8 +39,7 @@ def config_columns(config: RunConfig, run_id: str | None = None) -> dict[str, An
         "world_size": config.world_size, "gpu": config.gpu, "dtype": config.dtype,
         "seq_len": config.seq_len, "global_batch_sequences": config.global_batch_sequences,
         "global_batch_tokens": config.global_batch_sequences * config.seq_len,
-        **{k: getattr(layout, k) for k in ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
-                                           "zero_stage", "recompute", "sp", "pp_schedule", "vpp")},
+        **{k: getattr(layout, k) for k in LAYOUT_COLUMNS},
         "layout_label": layout.label(),
         "steps": settings.get("steps"), "warmup_steps": settings.get("warmup_steps"),
         "settings_json": json.dumps(settings, sort_keys=True),

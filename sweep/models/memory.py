@@ -36,7 +36,7 @@ from typing import Final
 import numpy as np
 from numpy.typing import ArrayLike
 
-from sweep.core.layout import PP_SCHEDULES, RECOMPUTE_MODES, Layout
+from sweep.core.layout import LAYOUT_COLUMNS, LAYOUT_INT_COLUMNS, PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.core.model import ModelShape, count_parameters, mlp_kind
 from sweep.core.units import GiB
 from sweep.models.memory_profiles import PROFILES, RESERVED_BAND, MemoryProfile, get_profile
@@ -47,7 +47,6 @@ __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimat
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
                      "fragmentation", "overhead")
-_INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
 STAGES: Final = ("most_loaded", "first", "last")
 STAGE_SPLITS: Final = ("even", "cost", "embedding_blocks", "megatron")
 _ACT_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4, "fp32": 4}
@@ -206,15 +205,15 @@ def fsdp_reduction_deferred(prof: MemoryProfile, zero_stage: ArrayLike, pp: Arra
 
 def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
-    missing = [c for c in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule") if c not in columns]
+    missing = [c for c in LAYOUT_COLUMNS if c not in columns]
     if missing:
         raise ValueError(f"estimate_columns: missing columns {missing}")
     n = len(np.asarray(columns["dp"]))
-    for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule"):
+    for name in LAYOUT_COLUMNS:
         if len(np.asarray(columns[name])) != n:
             raise ValueError(f"estimate_columns: column {name!r} has length "
                              f"{len(np.asarray(columns[name]))}, expected {n}")
-    for name in ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "vpp"):
+    for name in (c for c in LAYOUT_INT_COLUMNS if c != "zero_stage"):  # counts: at least 1
         if n and np.min(np.asarray(columns[name])) < 1:
             raise ValueError(f"estimate_columns: column {name!r} must be >= 1")
     masks: dict[str, np.ndarray] = {}
@@ -300,7 +299,7 @@ def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mappin
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    f64 = {k: np.asarray(columns[k], dtype=np.float64) for k in _INT_COLUMNS}
+    f64 = {k: np.asarray(columns[k], dtype=np.float64) for k in LAYOUT_INT_COLUMNS}
     dp, tp, pp, cp, ep, zero = (f64[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero_stage"))
     sp = np.asarray(columns["sp"], dtype=bool)
     a = float(_ACT_BYTES[dtype])
@@ -457,7 +456,7 @@ def estimate(model: ModelShape, layout: Layout, *, seq_len: int, dtype: str = "b
     prof = get_profile(profile)
     _check_stage(stage)
     row = layout.to_dict()
-    columns = {name: np.asarray([row[name]]) for name in (*_INT_COLUMNS, "sp", "recompute", "pp_schedule")}
+    columns = {name: np.asarray([row[name]]) for name in LAYOUT_COLUMNS}
     masks = _check_columns(columns)
     out = _compute(model, columns, masks, seq_len, dtype, prof, stage)
     return MemoryEstimate(

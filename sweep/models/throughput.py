@@ -91,6 +91,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.core.hardware import GpuSpec
+from sweep.core.layout import PLAYBOOK_LAYOUT_COLUMNS
 from sweep.core.model import ModelShape, count_parameters
 from sweep.models.flops import (
     DEFAULT_CONVENTION,
@@ -104,7 +105,6 @@ FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", 
                    "dp_comm_inter", "pp_comm", "latency", "latency_inter", "p2p_inter",
                    "dp_latency", "dp_exposed", "slot_sync", "optimizer", "step_overhead",
                    "pipe_tp_sync", "memory_traffic")
-LAYOUT_COLUMNS: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
 # Optional column: the all-reduce bus bandwidth (GB/s) a run's job measured across its nodes.
 MEASURED_INTER_NODE: Final = "inter_node_busbw_GBps"
 
@@ -345,7 +345,7 @@ def _traffic(work: Workload, recompute: np.ndarray, ffn: int) -> tuple[np.ndarra
 
 def features(frame: pd.DataFrame, work: Workload, inter_scaling: float = 0.0) -> pd.DataFrame:
     """The feature matrix (one row per plan row, columns FEATURES)."""
-    missing = [c for c in LAYOUT_COLUMNS if c not in frame]
+    missing = [c for c in PLAYBOOK_LAYOUT_COLUMNS if c not in frame]  # the others default
     if missing:
         raise ValueError(f"throughput model: plan rows lack column(s) {missing}")
     dp, tp, pp = (frame[c].to_numpy(dtype=float) for c in ("dp", "tp", "pp"))

@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 from numpy.typing import ArrayLike
 
-from sweep.core.layout import Layout
+from sweep.core.layout import LAYOUT_COLUMNS, LAYOUT_INT_COLUMNS, ROW_KEY, Layout
 from sweep.core.model import ModelShape
 from sweep.core.runconfig import RunConfig
 from sweep.frameworks import get_adapter
@@ -51,7 +51,7 @@ from sweep.models.memory_profiles import (
     MemoryProfile,
     profile_with,
 )
-from sweep.plan.spec import Spec
+from sweep.plan.spec import OVERRIDE_COLUMNS, Spec
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,6 @@ KEPT: Final = "kept"
 STATUSES: Final = (KEPT, *(f"pruned:{name}" for name in RULE_NAMES))
 INTERLEAVED_VPP: Final = 2
 MAX_CANDIDATES_PER_NODE_COUNT: Final = 10_000_000  # about 3 GB of columns: a typo, not a plan
-LAYOUT_INT_COLUMNS: Final = ("dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc", "zero_stage", "vpp")
 
 
 class PlanError(ValueError):
@@ -435,14 +434,15 @@ def plan(spec: Spec) -> pd.DataFrame:
     columns: dict[str, object] = {
         "model": pd.Categorical.from_codes(joined("model"),
                                            categories=[m.name for m in spec.model_shapes])}
-    for key in ("nodes", "gpus", *LAYOUT_INT_COLUMNS[:8]):
-        columns[key] = joined(key)
-    columns["recompute"] = pd.Categorical.from_codes(joined("recompute_code"),
-                                                     categories=list(spec.axes.recompute))
-    columns["sp"] = joined("sp")
-    columns["pp_schedule"] = pd.Categorical.from_codes(joined("schedule_code"),
-                                                       categories=list(spec.axes.pp_schedule))
-    columns["vpp"] = joined("vpp")
+    coded: dict[str, tuple[str, list[str]]] = {  # categoricals of the axes' values
+        "recompute": ("recompute_code", list(spec.axes.recompute)),
+        "pp_schedule": ("schedule_code", list(spec.axes.pp_schedule))}
+    for key in ("nodes", "gpus", *LAYOUT_COLUMNS):
+        if key in coded:
+            codes, categories = coded[key]
+            columns[key] = pd.Categorical.from_codes(joined(codes), categories=categories)
+        else:
+            columns[key] = joined(key)
     columns["status"] = pd.Categorical.from_codes(code + 1, categories=STATUSES)
     columns["prune_rule"] = pd.Categorical.from_codes(code, categories=RULE_NAMES)
     columns["prune_detail"] = pd.Categorical(joined("detail"))
@@ -470,8 +470,7 @@ def run_config(spec: Spec, row: Mapping[str, object], *, with_settings: bool = T
     model = next(m for m in spec.model_shapes if m.name == str(row["model"]))
     settings: dict[str, object] = {}
     if with_settings:
-        selector = {k: _plain(row[k]) for k in ("model", "nodes", *LAYOUT_INT_COLUMNS[:8],
-                                                  "recompute", "sp", "pp_schedule")}
+        selector = {k: _plain(row[k]) for k in OVERRIDE_COLUMNS}
         settings = spec.run_settings_for(selector).model_dump(mode="json")
     return RunConfig(sweep=spec.name, framework=spec.framework, model=model,
                      layout=layout_of(row), nodes=int(row["nodes"]),  # type: ignore[call-overload]
@@ -482,8 +481,7 @@ def run_config(spec: Spec, row: Mapping[str, object], *, with_settings: bool = T
 
 def run_ids(spec: Spec, rows: pd.DataFrame) -> list[str]:
     """Run ids of plan rows, one RunConfig each (the one definition of a run's identity)."""
-    records = rows[["model", "nodes", *LAYOUT_INT_COLUMNS, "recompute", "sp",
-                    "pp_schedule"]].astype(object).to_dict("records")
+    records = rows[list(ROW_KEY)].astype(object).to_dict("records")
     return [run_config(spec, r, with_settings=False).run_id for r in records]
 
 

@@ -34,7 +34,7 @@ from pydantic_core.core_schema import SerializerFunctionWrapHandler
 from sweep.core import catalog
 from sweep.core.errors import SpecError
 from sweep.core.hardware import GpuSpec
-from sweep.core.layout import DTYPES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES
+from sweep.core.layout import DTYPES, FRAMEWORKS, PP_SCHEDULES, RECOMPUTE_MODES, ROW_KEY
 from sweep.core.model import ModelShape, shape_problems
 from sweep.core.units import GiB, MiB
 from sweep.core.yaml_locate import field_path, first_duplicate_key, line_of
@@ -62,6 +62,9 @@ def _slurm_time(value: str) -> str:
 SlurmTime = Annotated[str, AfterValidator(_slurm_time)]  # a --time value
 Auto = Literal["auto"]
 NOT_HASHED = {"driver", "max_gpu_hours"}  # Spec fields that do not change any run
+# The plan columns an override's `where` may name: a plan row's key but vpp, which the planner
+# derives from pp_schedule.
+OVERRIDE_COLUMNS = tuple(c for c in ROW_KEY if c != "vpp")
 
 
 def _catalog_model(name: str) -> str:
@@ -381,8 +384,7 @@ class Override(_Strict):
     @field_validator("where")
     @classmethod
     def _known_columns(cls, value: dict[str, Any]) -> dict[str, Any]:
-        allowed = {"model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
-                   "zero_stage", "recompute", "sp", "pp_schedule"}
+        allowed = set(OVERRIDE_COLUMNS)
         unknown = sorted(set(value) - allowed)
         if unknown:
             raise ValueError(f"unknown column(s) {unknown}; allowed: {sorted(allowed)}")

@@ -17,14 +17,15 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from sweep.core.layout import CELL, MEMORY_SAVINGS, PARALLEL_DEGREES, PIPELINE_SCHEDULE
 from sweep.models.throughput import Workload
 
-CELL: Final = ("model", "nodes")
-# Columns that define a layout apart from the micro-batch split of the global batch.
-LAYOUT_KEY: Final = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "recompute", "sp")
-# What the OOM proof holds fixed: the parallel layout and the schedule. Everything else a
-# candidate may differ in has a memory order (`memory_order`).
-PROOF_BASE: Final = ("dp", "tp", "pp", "cp", "ep", "pp_schedule", "vpp")
+# A layout apart from its micro-batching (the split of the global batch) and its pipeline schedule.
+LAYOUT_KEY: Final = (*PARALLEL_DEGREES, *MEMORY_SAVINGS)
+# What the OOM proof holds fixed: the parallel degrees and the schedule. Everything else a
+# candidate may differ in (its micro-batching and memory savings) has a memory order
+# (`memory_order`).
+PROOF_BASE: Final = (*PARALLEL_DEGREES, *PIPELINE_SCHEDULE)
 PROOF: Final = "pruned:"  # a skip that an OOM proves
 HEURISTIC: Final = "heuristic:"  # a skip that a proxy or a guess suggests
 # The planner's per-component estimate (`sweep.models.memory`), when the candidates carry it.

@@ -35,6 +35,7 @@ import pandas as pd
 
 from sweep.calibration import memory_self_calibration
 from sweep.collect.attempts import RUNS_FILE
+from sweep.core.layout import ROW_KEY
 from sweep.core.state import append_jsonl, atomic_write_json, atomic_write_with, read_jsonl
 from sweep.models.throughput import Coefficients
 from sweep.plan import space
@@ -46,9 +47,6 @@ from sweep.search.strategies import Replanned
 
 ROUNDS_FILE: Final = "calibration_rounds.jsonl"
 MEMORY_RULE: Final = f"pruned:{space.RULE_NAMES[-1]}"
-# What identifies a plan row apart from its status: two plans of one spec list the same rows.
-ROW_KEY: Final = ("model", "nodes", "dp", "tp", "pp", "cp", "ep", "mbs", "grad_acc",
-                  "zero_stage", "recompute", "sp", "pp_schedule", "vpp")
 
 
 class NotCalibratable(ValueError):
@@ -77,7 +75,7 @@ class RoundCalibration:
                   spec_dir: Path | None = None) -> RoundCalibration:
         """The calibration of a sweep whose current plan is `plan` (the prior, or a calibrated
         re-plan of it); NotCalibratable when `plan` is not a plan of `spec`."""
-        prior = space.plan(spec)
+        prior = space.plan(spec)  # `plan` lists the same rows (`ROW_KEY`) if it is a plan of `spec`
         if len(prior) != len(plan) or any(
                 not prior[c].astype(str).reset_index(drop=True).equals(
                     plan[c].astype(str).reset_index(drop=True)) for c in ROW_KEY if c in plan):

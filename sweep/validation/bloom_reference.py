@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.core.catalog import get_gpu
+from sweep.core.layout import PLAYBOOK_LAYOUT_COLUMNS
 from sweep.core.units import MiB
 from sweep.models.memory import estimate_columns, reserved_interval
 from sweep.models.memory_profiles import MEGATRON_DEEPSPEED, Allocator, MemoryProfile
@@ -164,8 +165,7 @@ def judge(runs: BloomRuns, allocator: Allocator | None = None) -> pd.DataFrame:
         if allocator is not None:
             profile = allocator.apply(profile)
         n = len(group)
-        columns = {name: group[name].to_numpy() for name in
-                   ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
+        columns = {name: group[name].to_numpy() for name in PLAYBOOK_LAYOUT_COLUMNS}
         columns.update({"cp": np.ones(n, int), "ep": np.ones(n, int), "vpp": np.ones(n, int),
                         "sp": np.zeros(n, bool), "recompute": np.full(n, "full", dtype=object),
                         "pp_schedule": np.full(n, "1f1b", dtype=object)})

@@ -45,6 +45,12 @@ import pandas as pd
 
 from sweep.calibration.memory_self_calibration import fitted_by_flushing
 from sweep.core import catalog
+from sweep.core.layout import (
+    CELL,
+    LAYOUT_COLUMNS_BEYOND_PLAYBOOK,
+    LAYOUT_INT_COLUMNS,
+    PLAYBOOK_LAYOUT_COLUMNS,
+)
 from sweep.core.model import ModelShape, count_parameters
 from sweep.core.units import GiB
 from sweep.models import memory
@@ -52,13 +58,16 @@ from sweep.models.memory_profiles import MemoryProfile
 from sweep.plan import space
 from sweep.plan.spec import Spec
 
+# The columns each format needs, by the names its table uses. The playbook's two tables record
+# the layout as `PLAYBOOK_LAYOUT_COLUMNS`, under those names but for the results table's
+# `batch_accum` (grad_acc); a sweep's runs.parquet uses the layout's own names.
 CHARTS_COLUMNS: Final = ("model_label", "nodes", "dp", "tp", "pp", "mbs", "grad_acc",
                          "zero_stage", "status", "gpu_memory_GB", "tokens_per_sec_per_gpu")
 FULL_COLUMNS: Final = ("name", "nodes", "dp", "tp", "pp", "mbs", "batch_accum", "zero_stage",
                        "status", "Mem Alloc (GB)", "Mem Res (GB)", "tok/s/gpu", "num_layers",
                        "hidden_size", "num_heads", "vocab_size")
-SWEEP_COLUMNS: Final = ("model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage",
-                        "outcome", "mem_reserved_bytes", "mem_allocated_bytes")
+SWEEP_COLUMNS: Final = (*CELL, *PLAYBOOK_LAYOUT_COLUMNS, "outcome", "mem_reserved_bytes",
+                        "mem_allocated_bytes")
 # runs.parquet outcomes (sweep.collect.schema.OUTCOMES) as memory evidence; None: an attempt that says
 # nothing about memory (skipped); every other outcome is a failure that was not an OOM ("other")
 SWEEP_OUTCOMES: Final = {"completed": "success", "oom": "oom", "failed": "failed",
@@ -74,7 +83,8 @@ MEASURED_RANK: Final = {("*", "cuda:rank0"): ("first", "step"),
 # Columns of a runs.parquet row that must equal the spec's for the spec to judge it
 SAME_AS_SPEC: Final = ("framework", "seq_len", "dtype", "gpus_per_node")
 # Layout columns a sweep's table carries and the playbook's tables leave at the plan's default
-EXTRA_LAYOUT: Final = ("cp", "ep", "recompute", "pp_schedule", "vpp")
+# (sp apart: each format says where its sp comes from)
+EXTRA_LAYOUT: Final = tuple(c for c in LAYOUT_COLUMNS_BEYOND_PLAYBOOK if c != "sp")
 FIELDS: Final = ("n_success", "n_oom", "n_other", "n_failed", "n_skipped", "success_kept_frac",
                  "oom_pruned_frac", "failed_pruned_frac", "success_probed_frac",
                  "success_lost_frac", "oom_probed_frac", "alloc_median_abs_rel_err",
@@ -174,8 +184,9 @@ def normalise(raw: pd.DataFrame, spec: Spec, source: str = "<runs>") -> Runs:
             "sp": (raw["tp_mode"] != "ALL_REDUCE") if "tp_mode" in raw else max(spec.axes.sp),
             "alloc_bytes": raw["Mem Alloc (GB)"] * GiB, "reserved_bytes": raw["Mem Res (GB)"] * GiB,
             "tokens_per_sec_per_gpu": raw["tok/s/gpu"]})
-    for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage"):
-        frame[column] = raw[column]
+    for column in ("nodes", *PLAYBOOK_LAYOUT_COLUMNS):
+        if column not in frame:  # grad_acc: by the format's own name, above
+            frame[column] = raw[column]
     if frame["outcome"].isna().any():
         bad = sorted(set(raw.loc[frame["outcome"].isna(), "status"].astype(str)))
         raise RunsFileError(f"{source}: status {bad} is not one this format uses")
@@ -207,8 +218,8 @@ def _normalise_sweep(raw: pd.DataFrame, spec: Spec, source: str) -> Runs:
         "tokens_per_sec_per_gpu": raw.get("tokens_per_sec_per_gpu", np.nan),
         "measured_stage": [r[0] if r else "first" for r in rank],
         "alloc_peak": [r[1] if r else "step" for r in rank]})
-    for column in ("nodes", "dp", "tp", "pp", "mbs", "zero_stage", *EXTRA_LAYOUT):
-        if column in raw:
+    for column in ("nodes", *PLAYBOOK_LAYOUT_COLUMNS, *EXTRA_LAYOUT):
+        if column in raw and column not in frame:
             frame[column] = raw[column]
     if "framework_version" in raw:  # the versions a sweep spans (`score_by_version`)
         frame["framework_version"] = raw["framework_version"]
@@ -235,14 +246,14 @@ def _usable(frame: pd.DataFrame, spec: Spec, fmt: str, skipped: pd.Series) -> Ru
     """The rows with a spec model, every layout value (the table's own cp, ep, vpp,
     recomputation, schedule and SP included), and a world size of nodes × the spec's GPUs per
     node; the others (and `skipped`) are counted as skipped."""
-    layout = ["nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
+    layout = ["nodes", *PLAYBOOK_LAYOUT_COLUMNS]
     present = layout + [c for c in (*EXTRA_LAYOUT, "sp") if c in frame]
     world = frame.dp * frame.tp * frame.pp * frame.get("cp", 1) * frame.get("ep", 1)
     usable = (~skipped.astype(bool) & frame["model"].notna() & frame[present].notna().all(axis=1)
               & (world == frame.nodes * spec.gpus_per_node_resolved))
     usable = usable.fillna(False).astype(bool)
     frame = frame[usable].reset_index(drop=True)
-    for column in layout + [c for c in ("cp", "ep", "vpp") if c in frame]:
+    for column in layout + [c for c in EXTRA_LAYOUT if c in LAYOUT_INT_COLUMNS and c in frame]:
         frame[column] = frame[column].astype(np.int64)
     if "sp" in frame and frame["sp"].dtype != bool:
         frame["sp"] = frame["sp"].astype(bool)
@@ -315,8 +326,7 @@ def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
     leave them at the spec's first value (what they ran)."""
     schedule = spec.axes.pp_schedule[0]
     n = len(group)
-    columns = {k: group[k].to_numpy(np.int64) for k in
-               ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")}
+    columns = {k: group[k].to_numpy(np.int64) for k in PLAYBOOK_LAYOUT_COLUMNS}
     columns.update(cp=np.ones(n, np.int64), ep=np.ones(n, np.int64),
                    sp=group["sp"].to_numpy(bool) & (columns["tp"] > 1),  # as the plan
                    recompute=np.full(n, spec.axes.recompute[0]),
@@ -325,7 +335,7 @@ def layout_columns(group: pd.DataFrame, spec: Spec) -> dict[str, np.ndarray]:
                                 space.INTERLEAVED_VPP, 1))
     for column in EXTRA_LAYOUT:
         if column in group:
-            kind = np.int64 if column in ("cp", "ep", "vpp") else str
+            kind = np.int64 if column in LAYOUT_INT_COLUMNS else str
             columns[column] = group[column].to_numpy().astype(kind)
     return columns
 

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration.runs_table import normalise_runs
+from sweep.core.layout import CELL, LAYOUT_COLUMNS_BEYOND_PLAYBOOK, PLAYBOOK_LAYOUT_COLUMNS
 from sweep.models.throughput import Workload, tokens_per_step
 
 
@@ -56,7 +57,7 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
     if bad.any():
         raise ValueError(f"{source}: row {int(np.flatnonzero(bad)[0]) + 2}: unknown status")
     rows["model"] = rows.model.astype(str).map(dict(model_names))
-    for col in ("nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"):
+    for col in ("nodes", *PLAYBOOK_LAYOUT_COLUMNS):
         rows[col] = rows[col].astype(int)
     rows.loc[rows.status != "completed", "tokens_per_s_per_gpu"] = np.nan
     gpus = (rows.dp * rows.tp * rows.pp * rows.get("cp", 1) * rows.get("ep", 1)).to_numpy(float)
@@ -69,8 +70,8 @@ def replay_table(runs: pd.DataFrame, source: str, model_names: Mapping[str, str]
     if "gpu_hours_measured" in rows:  # a collected sweep knows what each run really cost
         measured = pd.to_numeric(rows.gpu_hours_measured, errors="coerce")
         rows["gpu_hours"] = measured.where(np.isfinite(measured), rows.gpu_hours)
-    layout = ["model", "nodes", "dp", "tp", "pp", "mbs", "grad_acc", "zero_stage"]
-    layout += [c for c in ("cp", "ep", "recompute", "sp", "pp_schedule", "vpp") if c in rows]
+    layout = [*CELL, *PLAYBOOK_LAYOUT_COLUMNS]
+    layout += [c for c in LAYOUT_COLUMNS_BEYOND_PLAYBOOK if c in rows]
     unique = rows.drop_duplicates(layout).reset_index(drop=True)
     per_model = rows.groupby("model").gpu_hours.agg(["size", "sum"])
     by_model = {str(m): (int(r["size"]), float(r["sum"])) for m, r in per_model.iterrows()}

@@ -29,6 +29,7 @@ from typing import Final
 import numpy as np
 import pandas as pd
 
+from sweep.core.layout import PLAYBOOK_LAYOUT_COLUMNS
 from sweep.core.model import ModelShape
 from sweep.models.flops import flops_per_token
 from sweep.models.throughput import Coefficients, predict
@@ -38,7 +39,7 @@ from sweep.plan.spec import Spec
 
 HEATMAP_FILE: Final = "playbook_best_configs_heatmap.csv"
 PLAYBOOK_PEAK: Final = 989.5e12  # the dense BF16 peak the playbook divides by
-LAYOUT: Final = ("dp", "tp", "pp", "mbs", "grad_acc", "zero_stage")
+LAYOUT: Final = PLAYBOOK_LAYOUT_COLUMNS  # the heatmap's layout columns
 
 
 def playbook_flops_per_token(shape: ModelShape, seq_len: int, pp: np.ndarray) -> np.ndarray:
