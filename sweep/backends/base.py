@@ -57,9 +57,13 @@ RoundHook = Callable[["Rounds", Sequence[Path], Submitted], None]
 
 class Rounds:
     """A search's executor on any backend: each call is one round (submit the batch, then poll
-    every `poll_s` until none of it is in flight). A round whose runs a GPU-hour cap left out
-    ends the search with BudgetReached, after what did fit has ended. Counts what it launched
-    and adopted, for the search's summary and `sweep status`."""
+    every `poll_s` until none of it is in flight). Under a GPU-hour cap, the runs of a round
+    that do not fit yet (spent + in flight at its time limit + each new run at its time limit
+    would exceed the cap) wait: once what did fit has ended, and counts at what it spent, they
+    are submitted again, as many as now fit, until the whole round has run; the search then
+    goes on with its later rounds. Only when nothing of the round fits with nothing in flight
+    does the cap end the search, with BudgetReached. Counts what it launched and adopted, for
+    the search's summary and `sweep status`."""
 
     def __init__(self, backend: Backend, *, poll_s: float,
                  on_round: RoundHook | None = None) -> None:
@@ -75,13 +79,19 @@ class Rounds:
         if not run_dirs:
             return
         self.rounds += 1
-        submitted = self.backend.submit(run_dirs)
-        self.launched += submitted.launched
-        self.adopted += submitted.adopted
-        if self.on_round is not None:
-            self.on_round(self, run_dirs, submitted)
         wanted = {d.name for d in run_dirs}
-        while self.backend.in_flight(wanted):
-            time.sleep(self.poll_s)
-        if submitted.left_out:
-            raise BudgetReached(submitted.left_out, submitted.cap_gpu_hours or 0.0)
+        waiting = list(run_dirs)
+        while waiting:
+            submitted = self.backend.submit(waiting)
+            self.launched += submitted.launched
+            self.adopted += submitted.adopted
+            if self.on_round is not None:
+                self.on_round(self, run_dirs, submitted)
+            while self.backend.in_flight(wanted):
+                time.sleep(self.poll_s)
+            if not submitted.left_out:
+                return
+            if not submitted.launched and not submitted.adopted:
+                raise BudgetReached(submitted.left_out, submitted.cap_gpu_hours or 0.0)
+            left_out = set(submitted.left_out)
+            waiting = [d for d in run_dirs if d.name in left_out]

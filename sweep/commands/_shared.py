@@ -65,5 +65,8 @@ def add_submit_options(parser: argparse.ArgumentParser) -> None:
                              "(or the search) end")
     parser.add_argument("--max-gpu-hours", type=positive_float, default=None, metavar="H",
                         help="cap the sweep at H GPU-hours (spent + in flight at its time limit); "
-                             "runs that would exceed it are left out and listed in "
-                             "budget_left_out.txt (default: the spec's max_gpu_hours)")
+                             "runs that would exceed it wait for room, or are left out and "
+                             "listed in budget_left_out.txt (default: the cap the sweep was "
+                             "last submitted with, else the spec's max_gpu_hours)")
+    parser.add_argument("--yes", action="store_true",
+                        help="go ahead without asking, however many GPU-hours the worst case is")

@@ -13,21 +13,29 @@ runs in flight; while a driver is live, resume leaves the sweep to it. After the
 reruns failed runs only (a run the search skipped is not a failure). Under a GPU-hour cap
 (--max-gpu-hours, or the spec's max_gpu_hours) nothing is submitted that could exceed it. When it
 resubmits runs, a report job collects and reports again after them (`--no-report`: none).
+
+A search whose submit was stopped before its driver started (its strategy is recorded in
+driver.json from the submit's start) is resumed as that search: resume starts its driver.
+The budget is the submit's rule (sweep.backends.slurm.budget_gate): the same estimate of what
+it will submit, the same cap (by default the one the sweep was submitted with), the same
+confirmation above the threshold, and `--yes`. Like submit, it notes and ignores a SIGHUP, and
+says where a SIGTERM or Ctrl-C stopped it (sweep.backends.slurm.submit_record).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweep.commands._shared import add_submit_options
 from sweep.core.errors import UserError
-from sweep.plan.plan_file import budget_cap
 from sweep.search.driver import read_progress, read_record, report_after
 
 if TYPE_CHECKING:
+    from sweep.backends.slurm.submit_record import SubmitSession
     from sweep.backends.slurm.tracker import Tracker
 
 
@@ -58,22 +66,50 @@ def classes(allowed: list[str]):  # noqa: ANN201 - an argparse type
 
 
 def run(args: argparse.Namespace) -> int:
+    from sweep.backends.slurm.submit_record import Stopped, SubmitSession
+
+    with SubmitSession("resume") as session:
+        try:
+            return _run(args, session)
+        except Stopped as stop:
+            session.ignore_signals()
+            session.stopped(stop)
+            print(f"sweep resume: stopped by {stop.name} during {session.phase}; "
+                  f"`sweep resume {args.sweep_dir}` finishes the sweep", file=sys.stderr,
+                  flush=True)
+            return stop.exit_code
+
+
+def _run(args: argparse.Namespace, session: SubmitSession) -> int:
+    from sweep.backends.slurm.budget_gate import sweep_cap
     from sweep.backends.slurm.tracker import Tracker
 
+    if not (args.sweep_dir / "runs").is_dir():
+        raise UserError(f"{args.sweep_dir}: no runs/ folder; pass the sweep folder that "
+                        "`sweep submit` or `sweep render` wrote")
     tracker = Tracker(args.sweep_dir)
-    cap = budget_cap(tracker.dir, args.max_gpu_hours)
+    cap = sweep_cap(tracker.dir, args.max_gpu_hours)
     record = read_record(tracker.dir)
-    searched = bool(record.get("job_id")) and (record.get("options") or {}).get("strategy")
-    if searched and not _search_over(tracker, record, cap):
-        return _resume_search(tracker, record, cap, args)
+    searched = (record.get("options") or {}).get("strategy")
+    if not args.dry_run:
+        session.attach(tracker.dir, max_gpu_hours=cap, strategy=searched or "exhaustive")
     if not (args.dry_run or args.no_preflight):
         from sweep.backends.slurm.preflight import ensure_passed
 
+        session.enter("preflight")  # remembered once passed: a submit stopped in it runs it now
         ensure_passed(args.sweep_dir, args.preflight_timeout,
                       say=lambda line: print(line, flush=True))
-    if not searched and not args.dry_run:
-        _recalibrate(tracker.dir, enabled=not args.no_calibrate)
-    return _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
+    if searched and not _search_over(tracker, record, cap):
+        code = _resume_search(tracker, record, cap, args, session)
+    else:
+        if not searched and not args.dry_run:
+            session.enter("recalibrating")
+            _recalibrate(tracker.dir, enabled=not args.no_calibrate)
+        session.enter("submitting")
+        code = _resume_runs(tracker, cap, args, skip_never_submitted=bool(searched))
+    if not args.dry_run:
+        session.done()
+    return code
 
 
 def _recalibrate(folder: Path, *, enabled: bool) -> None:
@@ -119,26 +155,36 @@ def _search_over(tracker: Tracker, record: dict[str, Any], cap: float | None) ->
 
 
 def _resume_search(tracker: Tracker, record: dict[str, Any], cap: float | None,
-                   args: argparse.Namespace) -> int:
-    """A new driver for a search whose driver died (UserError while the old one is live)."""
+                   args: argparse.Namespace, session: SubmitSession) -> int:
+    """A new driver for a search whose driver died, or never started (UserError while the old
+    one is live), with the recorded strategy, under the one budget rule."""
+    from sweep.backends.slurm.budget_gate import announce_budget
     from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.submission import latest_tasks
     from sweep.plan.plan_file import driver_settings
     from sweep.search.driver import SearchOptions, start_driver
 
     recorded = SearchOptions(**record["options"])
     options = replace(recorded, max_gpu_hours=cap,
                       max_running=args.max_running or recorded.max_running)
+    seen = latest_tasks(tracker.submissions())
+    announce_budget(tracker, [r for r in tracker.run_ids() if r not in seen], cap,
+                    dry_run=args.dry_run, yes=args.yes, verb="resume")
+    before = (f"driver job {record['job_id']} is over" if record.get("job_id") else
+              "the submit stopped before it started one")
     if args.dry_run:
-        print(f"would submit a new {options.strategy} search driver (driver job "
-              f"{record['job_id']} is over); it adopts the runs in flight")
+        print(f"would submit a new {options.strategy} search driver ({before}); it adopts the "
+              "runs in flight")
         return 0
+    session.enter("starting the driver")
     try:
         job_id = start_driver(tracker, driver_settings(tracker.dir), options)
     except SlurmError as error:
         raise UserError(str(error)) from None
-    print(f"search driver: job {job_id} takes over from job {record['job_id']}; it adopts the "
-          f"runs in flight and goes on with the {options.strategy} search "
-          f"(`sweep status {tracker.dir}`)")
+    took = (f"takes over from job {record['job_id']}" if record.get("job_id") else
+            "starts the search that its submit left (stopped before its driver started)")
+    print(f"search driver: job {job_id} {took}; it adopts the runs in flight and goes on with "
+          f"the {options.strategy} search (`sweep status {tracker.dir}`)")
     return 0
 
 
@@ -157,6 +203,10 @@ def _resume_runs(tracker: Tracker, cap: float | None, args: argparse.Namespace, 
             if skip_never_submitted and not args.only:
                 never = {s.run_id for s in observed.states if s.state == NEVER_SUBMITTED}
                 todo = [r for r in todo if r not in never]
+            from sweep.backends.slurm.budget_gate import announce_budget
+
+            announce_budget(tracker, todo, cap, dry_run=args.dry_run, yes=args.yes,
+                            verb="resume")
             fit = tracker.fit_budget(todo, cap, observed, write=not args.dry_run)
             report = submit_runs(tracker, fit.chosen, max_running=args.max_running,
                                  hold=args.hold, dry_run=args.dry_run, exclude=observed.excluded)

@@ -15,22 +15,31 @@ collects and reports after its arrays (`--no-report`: none).
 
 Before anything is submitted the sweep's estimated and worst-case GPU-hours are printed;
 `--max-gpu-hours` (or the spec's `max_gpu_hours`) caps them, and a worst case above
-sweep.plan.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask).
+sweep.plan.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask); `sweep resume` and
+the driver apply the same rule (sweep.backends.slurm.budget_gate).
+
+Nothing of it depends on the login shell (sweep.backends.slurm.submit_record): a SIGHUP during
+the preflight, the submission or the driver's start is noted and ignored; SIGTERM or Ctrl-C stop
+it with a line that says where, and `sweep status` then shows the sweep as half-submitted with
+the command that finishes it (`sweep resume DIR`). A foreground search stops on any of the three,
+and leaves its arrays with an afterany report job.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sweep.commands._shared import add_submit_options, add_top_argument, shortlist_top
 from sweep.core.errors import UserError
-from sweep.plan.plan_file import budget_cap, driver_settings
+from sweep.plan.plan_file import driver_settings
 from sweep.search.strategies import STRATEGIES
 
 if TYPE_CHECKING:
+    from sweep.backends.slurm.submit_record import SubmitSession
     from sweep.backends.slurm.tracker import Tracker
     from sweep.search.driver import SearchOptions
 
@@ -51,8 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "exit; the default for a search (pruned, adaptive, shortlist)")
     mode.add_argument("--foreground", dest="detach", action="store_false",
                       help="run the search in this process, which must live until it ends")
-    parser.add_argument("--yes", action="store_true",
-                        help="submit without asking, however many GPU-hours the worst case is")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
@@ -77,6 +84,22 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sweep.backends.slurm.submit_record import Stopped, SubmitSession
+
+    with SubmitSession("submit") as session:
+        try:
+            return _run(args, session)
+        except Stopped as stop:
+            session.ignore_signals()
+            session.stopped(stop)
+            finish = (f"; `sweep resume {session.folder}` finishes the sweep"
+                      if session.folder is not None else "; nothing was submitted")
+            print(f"sweep submit: stopped by {stop.name} during {session.phase}{finish}",
+                  file=sys.stderr, flush=True)
+            return stop.exit_code
+
+
+def _run(args: argparse.Namespace, session: SubmitSession) -> int:
     started = time.perf_counter()
     detach = args.detach if args.detach is not None else args.strategy != "exhaustive"
     if args.strategy != "exhaustive" and (args.hold or (args.dry_run and not detach)):
@@ -85,22 +108,38 @@ def run(args: argparse.Namespace) -> int:
                         "--dry-run shows the driver it would submit)")
     if args.poll_s <= 0:
         raise UserError(f"--poll-s: must be positive, got {args.poll_s}")
+    from sweep.backends.slurm.budget_gate import sweep_cap
     from sweep.backends.slurm.tracker import Tracker
 
     folder = sweep_folder(args.target, args.out)
     tracker = Tracker(folder)
-    cap = budget_cap(folder, args.max_gpu_hours)
+    cap = sweep_cap(folder, args.max_gpu_hours)
     announce_budget(tracker, cap, args)
+    options = None if args.strategy == "exhaustive" else search_options(args, cap)
+    if not args.dry_run:
+        session.attach(folder, max_gpu_hours=cap, strategy=args.strategy)
+        if options is not None:
+            from sweep.search.driver import record_search
+
+            record_search(folder, options)  # `sweep resume` restarts this search, whatever stops us
     if not (args.dry_run or args.no_preflight):
         from sweep.backends.slurm.preflight import ensure_passed
 
+        session.enter("preflight")
         ensure_passed(folder, args.preflight_timeout, say=lambda line: print(line, flush=True))
-    if args.strategy == "exhaustive":
-        return _submit_all(folder, tracker, cap, args, started)
-    options = search_options(args, cap)
-    if detach:
-        return _detach(folder, tracker, options, args.dry_run, started)
-    return _foreground(folder, options)
+    if options is None:
+        session.enter("submitting")
+        code = _submit_all(folder, tracker, cap, args, started)
+    elif detach:
+        session.enter("starting the driver")
+        code = _detach(folder, tracker, options, args.dry_run, started)
+    else:
+        session.hangup_stops = True
+        session.enter("searching")
+        code = _foreground(folder, tracker, options, session)
+    if not args.dry_run and session.phase != "searching":
+        session.done()
+    return code
 
 
 def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions:
@@ -115,49 +154,14 @@ def search_options(args: argparse.Namespace, cap: float | None) -> SearchOptions
 
 # -- the budget -----------------------------------------------------------------------------------
 
-def step_times(folder: Path) -> dict[str, float]:
-    """The plan's predicted step time of each run (run id → seconds), where it has one."""
-    import pandas as pd
-
-    from sweep.plan.plan_file import PLAN_FILE
-
-    path = folder / PLAN_FILE
-    if not path.is_file():
-        return {}
-    plan = pd.read_parquet(path, columns=None)
-    if "pred_step_time_s" not in plan or "run_id" not in plan:
-        return {}
-    known = plan.dropna(subset=["pred_step_time_s", "run_id"])
-    return dict(zip(known["run_id"].astype(str), known["pred_step_time_s"].astype(float), strict=True))
-
-
 def announce_budget(tracker: Tracker, cap: float | None, args: argparse.Namespace) -> None:
-    """Print the GPU-hours of the runs not submitted yet (expected and worst case) and the cap;
-    ask before a worst case above the confirmation threshold (UserError when declined, or with
-    no terminal to ask and no --yes)."""
-    import sys
-
+    """The runs not submitted yet, through the one budget rule (budget_gate.announce_budget)."""
+    from sweep.backends.slurm.budget_gate import announce_budget as announce
     from sweep.backends.slurm.submission import latest_tasks
-    from sweep.plan.budget import capped_worst, confirmation, estimate
 
     seen = latest_tasks(tracker.submissions())
-    todo = [r for r in tracker.run_ids() if r not in seen]
-    if not todo:
-        return
-    times = step_times(tracker.dir)
-    found = estimate(tracker.run_costs(todo, times), predicted=sum(r in times for r in todo))
-    print(found.describe() + (f"; capped at {cap:g} (--max-gpu-hours)" if cap is not None else ""))
-    worst = capped_worst(found.worst_gpu_hours, cap)
-    if args.dry_run:
-        return
-    decision = confirmation(worst, yes=getattr(args, "yes", False), interactive=sys.stdin.isatty())
-    if decision == "refuse":
-        raise UserError(f"this sweep may use up to {worst:,.0f} GPU-hours and there is no terminal "
-                        "to confirm it: pass --yes to submit anyway, or --max-gpu-hours H to cap it")
-    if decision == "ask":
-        answer = input(f"this sweep may use up to {worst:,.0f} GPU-hours; submit? [y/N] ")
-        if answer.strip().lower() not in ("y", "yes"):
-            raise UserError("not submitted (answer y, or pass --yes)")
+    announce(tracker, [r for r in tracker.run_ids() if r not in seen], cap,
+             dry_run=args.dry_run, yes=getattr(args, "yes", False))
 
 
 # -- the three ways to submit -------------------------------------------------------------------
@@ -227,12 +231,15 @@ def _detach(folder: Path, tracker: Tracker, options: SearchOptions, dry_run: boo
     return 0
 
 
-def _foreground(folder: Path, options: SearchOptions) -> int:
+def _foreground(folder: Path, tracker: Tracker, options: SearchOptions,
+                session: SubmitSession) -> int:
     """The search in this process (the same code the driver runs); as before detached sweeps,
-    it neither collects nor reports at the end."""
+    it neither collects nor reports at the end. Stopped by a signal (SIGHUP too: its terminal
+    is gone), it says why, and leaves the runs in flight with an afterany report job."""
     from sweep.backends.slurm.client import SlurmError
     from sweep.backends.slurm.observation import Observation
     from sweep.backends.slurm.submission import counts_by
+    from sweep.backends.slurm.submit_record import Stopped
     from sweep.search.driver import search_on_slurm
 
     def report(observation: Observation) -> None:
@@ -244,5 +251,37 @@ def _foreground(folder: Path, options: SearchOptions) -> int:
         end = search_on_slurm(folder, options, on_poll=report)
     except SlurmError as error:
         raise UserError(str(error)) from None
+    except Stopped as stop:
+        session.ignore_signals()
+        left = _leave_in_flight(folder, tracker, report=options.report)
+        session.stopped(stop, left=left)
+        print(f"sweep submit --foreground: stopped by {stop.name} during the {options.strategy} "
+              f"search; {left}; `sweep resume {folder}` goes on with the search in a driver job",
+              file=sys.stderr, flush=True)
+        return stop.exit_code
     print(end.summary)
+    session.done()
     return 0
+
+
+def _leave_in_flight(folder: Path, tracker: Tracker, *, report: bool) -> str:
+    """After a stop of the foreground search: the arrays still in Slurm's queue are left to
+    run, with a report job that collects and reports after them (afterany), as a one-round
+    submit leaves its arrays. Says what it left."""
+    from sweep.backends.slurm.client import SlurmError
+    from sweep.plan.plan_file import driver_settings
+    from sweep.search.driver import submit_report_job
+
+    try:
+        with tracker.lock():
+            masters = sorted({s.job_id for s in tracker.reconcile(write=True) if s.job_id})
+            live = sorted({e.job_id.split("_")[0] for e in tracker.slurm.queue(masters)}) \
+                if masters else []
+            if not live or not report:
+                return (f"{len(live)} array(s) left running" if live else
+                        "nothing in flight")
+            job = submit_report_job(folder, driver_settings(folder), live, tracker.sweep_name())
+    except (SlurmError, UserError) as error:
+        return f"the arrays in flight are left running; no report job ({error})"
+    return (f"{len(live)} array(s) left running ({', '.join(live)}); report job {job} collects "
+            f"and reports after them (→ {folder / 'report' / 'index.html'})")

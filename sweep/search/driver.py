@@ -405,6 +405,16 @@ def _executor(folder: Path, settings: DriverSettings, name: str, role: str,
     return executor
 
 
+def record_search(folder: Path, options: SearchOptions) -> None:
+    """Record the search's options in driver.json before anything is submitted (the preflight
+    included): a submit stopped before its driver started leaves a sweep that `sweep resume`
+    goes on with as this search, not as plain arrays."""
+    from sweep.backends.slurm.tracker import Tracker
+
+    with Tracker(folder).lock():
+        write_record(folder, options=asdict(options), recorded_at=time.time())
+
+
 def submit_driver(folder: Path, settings: DriverSettings, options: SearchOptions,
                   name: str) -> str:
     """Submit the search driver; records it in driver.json (callers hold the submit lock and

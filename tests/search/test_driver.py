@@ -1,7 +1,7 @@
 """Detached searches (`sweep submit --detach`): the one-driver guard as pure rules, and on the
 real local cluster (scripts/local-slurm.sh start): a search whose submitter exits at once and
 whose report is there at the end; a driver scancelled mid-round and replaced by `sweep resume`;
-a driver requeued at its time limit; and a GPU-hour cap that stops the search.
+a driver requeued at its time limit; and a GPU-hour cap under which the search goes on.
 
 Every sweep is the builtin tiny-4l on `gpu: cpu`, one rank per run, 3 steps: pruned over two
 layouts (recompute none/full) × mbs 1, 2, i.e. two rounds of two runs.
@@ -359,24 +359,57 @@ def test_a_driver_at_its_time_limit_requeues_itself_and_goes_on(
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_the_gpu_hour_cap_stops_the_search_and_lists_what_it_left_out(
+def test_under_a_gpu_hour_cap_an_adaptive_search_goes_on_within_it(
         slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """The cap bites at once: the round asks for 4 runs and one fits (spent + in flight at its
+    time limit + the next at its limit ≤ cap). The search does not stop there: once what fitted
+    has ended, and counts at what it spent, the next run fits, and so on until the round has
+    run; never two runs at once, never over the cap."""
     out = tmp_path / "sweep"
-    cap = 1.5 * RUN_UPPER_GPU_HOURS  # round 1 asks for two runs: one fits
-    submit_detached(write_spec(tmp_path, sweep_name), out, "--max-gpu-hours", f"{cap:.4f}")
-    progress = wait_for_driver(out, timeout_s=120)
-    assert progress["phase"] == "budget" and progress["left_out"] == 1, progress
-    left_out = (out / LEFT_OUT_FILE).read_text().split()
-    assert len(left_out) == 1
-    subs = submissions(read_jsonl(out / "ledger.jsonl"))
-    launched = [run for s in subs for run in s.run_ids]
-    assert len(launched) == 1 and left_out[0] not in launched
-    assert (out / "report" / "index.html").is_file()  # reported all the same
+    cap = 1.5 * 600 / 3600  # 1.5 runs at their 10-minute limit; a run takes well under 100 s
+    submit_detached(write_spec(tmp_path, sweep_name, run={"time_limit": "00:10:00"}), out,
+                    "--max-gpu-hours", f"{cap:.4f}", strategy="adaptive")
+    assert read_record(out)["options"]["max_gpu_hours"] == pytest.approx(cap, abs=1e-4)
+    progress = wait_for_driver(out, timeout_s=300)
+    assert progress["phase"] == "done" and progress["left_out"] == 0, progress
+    assert not (out / LEFT_OUT_FILE).exists()  # what an earlier wave left out has run since
+    subs = [s for s in submissions(read_jsonl(out / "ledger.jsonl")) if s.job_id]
+    assert len(subs) == progress["launched"] == RUNS and {len(s.run_ids) for s in subs} == {1}
+    assert_every_run_once(out, RUNS)
+    acct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "Start,End", "-j",
+                           ",".join(s.job_id for s in subs)], capture_output=True, text=True,
+                          check=True).stdout.split()
+    spans = sorted(tuple(row.split("|")) for row in acct)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans
+    rows = pq.read_table(out / "runs.parquet").to_pylist()
+    assert sum(r["elapsed_s"] for r in rows) / 3600 <= cap
+    assert (out / "report" / "index.html").is_file()
 
-    assert main(["resume", str(out)]) == 0  # the same cap: nothing more
-    assert "resubmitted 0 run(s)" in capsys.readouterr().out
-    assert len(submissions(read_jsonl(out / "ledger.jsonl"))) == len(subs)
+    assert main(["resume", str(out), "--no-preflight"]) == 0  # the cap it was submitted with
+    assert "capped at" not in capsys.readouterr().out  # nothing left to run, nothing estimated
+    assert len([s for s in submissions(read_jsonl(out / "ledger.jsonl")) if s.job_id]) == RUNS
+
+
+def test_resume_has_the_budget_rule_of_submit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """One estimate, one confirmation, one `--yes`: resume of a sweep whose runs were never
+    submitted (a submit stopped midway) refuses a worst case above the threshold without a
+    terminal, as submit does, and says the same."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # no terminal
+    spec = write_spec(tmp_path, "big", run={"time_limit": "13-00:00:00"})
+    out = tmp_path / "sweep"
+    assert main(["render", str(spec), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["resume", str(out), "--no-preflight", "--no-calibrate"]) == 2
+    printed = capsys.readouterr()
+    assert "worst case 1,248.00 (every run at its time limit)" in printed.out
+    assert "up to 1,248 GPU-hours" in printed.err and "pass --yes to resume anyway" in printed.err
+    assert main(["resume", str(out), "--dry-run", "--max-gpu-hours", "900"]) == 0
+    assert "capped at 900" in capsys.readouterr().out
+    assert not (out / "ledger.jsonl").exists()
 
 
 @pytest.mark.slurm

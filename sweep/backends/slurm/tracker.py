@@ -112,6 +112,8 @@ class Tracker(SweepFolder):
         fit = fit_budget(self.run_costs(run_ids), committed, cap_gpu_hours)
         if fit.left_out and write:
             atomic_write_text(self.dir / LEFT_OUT_FILE, "".join(f"{r}\n" for r in fit.left_out))
+        elif write:  # the latest fit decides: what an earlier one left out has fitted since
+            (self.dir / LEFT_OUT_FILE).unlink(missing_ok=True)
         return fit
 
     @contextlib.contextmanager
