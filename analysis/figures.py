@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 
-from analysis.best import describe, ranking_column, value_label
+from analysis.best import ranking_column
 from analysis.checks import check_failures
+from analysis.labels import Labels, labels_of
 from analysis.style import CHECK_COLOUR, OUTCOME_COLOURS, SERIES, paper_style, save
 from sweep.collect.schema import OUTCOMES
 
@@ -57,18 +58,31 @@ def value_axis(ax: plt.Axes, values: np.ndarray | pd.Series) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(_plain))
 
 
-def _node_axis(ax: plt.Axes, nodes: list[int]) -> None:
+def _node_axis(ax: plt.Axes, nodes: list[int], label: str) -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_locator(FixedLocator(nodes))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([str(n) for n in nodes])
-    ax.set_xlabel("Nodes")
+    ax.set_xlabel(label)
 
 
-def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
-    """MFU and tokens/s/GPU of each cell's best run against nodes, one line per model."""
+NOTHING = "No successful run: nothing to draw"
+
+
+def _nothing(ax: plt.Axes, why: str = NOTHING) -> None:
+    """An axis without data says so, and shows no value ticks a reader could take for a range."""
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=8,
+            color="#555555")
+    ax.yaxis.set_major_locator(NullLocator())
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def plot_scaling(best: pd.DataFrame, stem: Path, labels: Labels | None = None) -> list[Path]:
+    """MFU and tokens/s/GPU (per rank on CPU) of each cell's best run against nodes, one line per
+    model."""
+    labels = labels or labels_of(best)
     nodes = sorted(set(int(n) for n in best["nodes"]))
-    convention = best["convention"].iloc[0]
+    done_any = bool(best["mfu_pct"].notna().any()) if "mfu_pct" in best.columns else False
     with paper_style():
         fig, (left, right) = plt.subplots(1, 2, figsize=(8.4, 3.3))
         for index, (model, group) in enumerate(best.groupby("model", sort=False)):
@@ -78,15 +92,20 @@ def plot_scaling(best: pd.DataFrame, stem: Path) -> list[Path]:
             left.plot(done["nodes"], done["mfu_pct"], **style)
             right.plot(done["nodes"], done["tokens_per_sec_per_gpu"], **style)
         for ax in (left, right):
-            _node_axis(ax, nodes)
+            _node_axis(ax, nodes, labels.nodes_label())
             ax.grid(True, which="major", color="#DDDDDD", linewidth=0.6)
-        left.set_ylabel(value_label("mfu", convention))
-        left.set_ylim(bottom=0)
-        right.set_ylabel(value_label("tokens_per_sec_per_gpu", convention))
-        value_axis(right, best.loc[best["mfu_pct"].notna(), "tokens_per_sec_per_gpu"])
-        left.legend(title="Model", frameon=False)
-        fig.suptitle("Best configuration per cell against nodes, ranked by "
-                     f"{describe(best['metric'].iloc[0], convention)}", x=0.01, ha="left")
+        left.set_ylabel(labels.value_label("mfu"))
+        right.set_ylabel(labels.value_label("tokens_per_sec_per_gpu"))
+        if done_any:
+            left.set_ylim(bottom=0, top=float(best["mfu_pct"].max()) * 1.08)
+            value_axis(right, best.loc[best["mfu_pct"].notna(), "tokens_per_sec_per_gpu"])
+            left.legend(title="Model", frameon=False)
+            title = f"Best configuration per cell against nodes{labels.on()}, ranked by "
+        else:
+            _nothing(left)
+            _nothing(right)
+            title = f"No successful run{labels.on()}: no best configuration to draw, by "
+        fig.suptitle(title + labels.describe(), x=0.01, ha="left")
         fig.tight_layout()
         return save(fig, stem)
 
@@ -102,8 +121,10 @@ def outcome_counts(runs: pd.DataFrame) -> pd.DataFrame:
     return counts
 
 
-def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path) -> list[Path]:
+def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path,
+                  labels: Labels | None = None) -> list[Path]:
     """Stacked bars: attempts per cell by outcome class, one panel per model."""
+    labels = labels or Labels()
     counts = outcome_counts(runs)
     with paper_style():
         fig, axes = plt.subplots(1, len(order), figsize=(2.3 + 2.1 * len(order), 3.0),
@@ -122,7 +143,7 @@ def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path) -> list[Path
                            label=outcome, width=0.75)
                 bottom += values
             ax.set_xticks(positions, [str(n) for n in table.index])
-            ax.set_xlabel("Nodes")
+            ax.set_xlabel(labels.nodes_label())
             ax.set_title(str(model), loc="left")
             ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # counts
             ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
@@ -134,18 +155,20 @@ def plot_failures(runs: pd.DataFrame, order: list[str], stem: Path) -> list[Path
                 handles.setdefault(label, handle)
         fig.legend(handles.values(), handles.keys(), loc="center left", title="Outcome",
                    frameon=False, bbox_to_anchor=(1.0, 0.5))
-        fig.suptitle(f"Attempts per cell by outcome class ({int(counts.to_numpy().sum())} "
-                     "attempts)", x=0.01, ha="left")
+        fig.suptitle(f"Attempts per cell by outcome class{labels.on()} "
+                     f"({int(counts.to_numpy().sum())} attempts)", x=0.01, ha="left")
         fig.tight_layout()
         return save(fig, stem)
 
 
-def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path) -> list[Path]:
+def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path,
+                      labels: Labels | None = None) -> list[Path]:
     """The ranked figure of every completed run per cell, with the cell's winner starred.
 
     Points for every run (jittered); a box only where a cell has MIN_BOX_POINTS runs or more.
     Runs that failed a check (analysis.checks) are not drawn, as their impossible figures would
     squash the axis: each panel's title counts them, and the flags name them."""
+    labels = labels or labels_of(best)
     metric, convention = best["metric"].iloc[0], best["convention"].iloc[0]
     column = ranking_column(metric, convention)
     scale = 100.0 if metric == "mfu" else 1.0
@@ -180,7 +203,7 @@ def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path) -> lis
                 ax.scatter(xs[won], data[won], marker="*", s=60, color="black", zorder=4)
             ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
             ax.set_xlim(-0.6, max(len(nodes), 1) - 0.4)
-            ax.set_xlabel("Nodes")
+            ax.set_xlabel(labels.nodes_label())
             excluded = int((left_out["model_label"] == model).sum())
             if excluded:
                 ax.set_title(f"{model}  (n = {len(group)})\n+{excluded} failed a check, not drawn",
@@ -188,12 +211,16 @@ def plot_distribution(runs: pd.DataFrame, best: pd.DataFrame, stem: Path) -> lis
             else:
                 ax.set_title(f"{model}  (n = {len(group)})", loc="left")
             ax.grid(True, axis="y", color="#DDDDDD", linewidth=0.6)
-        if metric == "tokens_per_sec_per_gpu":
+        if done.empty:
+            for ax in axes[0]:
+                _nothing(ax, "No completed run to draw" if left_out.empty
+                         else "No run passed the checks")
+        elif metric == "tokens_per_sec_per_gpu":
             value_axis(axes[0][0], done[column])
-        else:
-            axes[0][0].set_ylim(bottom=0)
-        axes[0][0].set_ylabel(value_label(metric, convention))
-        fig.suptitle(f"{describe(metric, convention)} of every completed run per cell (★ best; "
+        else:  # headroom above the highest point, so its marker is not cut by the frame
+            axes[0][0].set_ylim(bottom=0, top=scale * float(done[column].max()) * 1.08)
+        axes[0][0].set_ylabel(labels.value_label())
+        fig.suptitle(f"{labels.describe()} of every completed run per cell{labels.on()} (★ best; "
                      f"boxes where ≥ {MIN_BOX_POINTS} runs)", x=0.01, ha="left")
         fig.tight_layout()
         return save(fig, stem)

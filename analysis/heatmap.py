@@ -20,8 +20,10 @@ import pandas as pd
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.patches import Rectangle
 
-from analysis.best import describe, format_value, value_column, value_label
+from analysis.best import format_value, value_column
+from analysis.cells import BUDGET_REASON
 from analysis.checks import MARK, MARK_NOTE
+from analysis.labels import Labels, labels_of
 from analysis.style import CHECK_COLOUR, EMPTY_CELL, HEATMAP_CMAP, paper_style, save, text_colour
 
 
@@ -46,11 +48,14 @@ def _model_tick(best: pd.DataFrame, label: str) -> str:
 
 
 def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, int]] = (),
-                 title: str | None = None) -> list[Path]:
-    """Draw `best` (analysis.best.best_configs output); write stem.{png,pdf,svg}."""
+                 title: str | None = None, labels: Labels | None = None) -> list[Path]:
+    """Draw `best` (analysis.best.best_configs output); write stem.{png,pdf,svg}. `labels`
+    (analysis.labels.labels_for the runs) name the hardware, the unit and the convention; without
+    them the figure speaks of GPUs and the frame's convention."""
+    labels = labels or labels_of(best)
     models = list(dict.fromkeys(best["model"]))
     nodes = sorted(set(int(n) for n in best["nodes"]))
-    metric, convention = best["metric"].iloc[0], best["convention"].iloc[0]
+    metric = best["metric"].iloc[0]
     shown = value_column(metric)
     values = np.full((len(models), len(nodes)), np.nan)
     for _, cell in best.iterrows():
@@ -72,27 +77,54 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
                       (cell["model"], int(cell["nodes"])) in flagged)
         ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
         ax.set_yticks(range(len(models)), [_model_tick(best, m) for m in models])
-        gpus = best.loc[best["nodes"] == nodes[0], "world_size"].dropna()
-        per_node = f" ({int(gpus.iloc[0]) // nodes[0]} GPUs each)" if not gpus.empty else ""
-        ax.set_xlabel(f"Nodes{per_node}")
+        ax.set_xlabel(labels.nodes_label())
         ax.set_ylabel("Model")
         ax.tick_params(length=0)
         for spine in ax.spines.values():
             spine.set_visible(False)
-        bar = fig.colorbar(image, ax=ax, fraction=0.035, pad=0.015)
-        bar.set_label(value_label(metric, convention))
-        ranked = describe(metric, convention)
-        ax.set_title(title or f"Best configuration per cell, ranked by {ranked}", loc="left")
-        notes = [f"Cell: {ranked} of the best run; DP TP PP; GAS MBS ZeRO; peak memory reserved (GiB)."]
+        ranked = labels.describe()
+        if finite.size:  # no value, no scale: a 0-1 bar would read as a range of MFU
+            bar = fig.colorbar(image, ax=ax, fraction=0.035, pad=0.015)
+            # one line per 2.1 characters of 9 pt per point of bar height: the label stays beside it
+            bar.set_label("\n".join(textwrap.wrap(labels.value_label(),
+                                                  max(16, int(fig.get_figheight() * 72 / 6.5)))))
+            heading = f"Best configuration per cell{labels.on()}, ranked by {ranked}"
+            notes = [f"Cell: {ranked} of the best run; DP TP PP; GAS MBS ZeRO; peak memory "
+                     "reserved (GiB)."]
+        else:
+            heading = f"No successful run{labels.on()}: no cell to rank by {ranked}"
+            notes = []
+        # characters of 10 pt across the axes and the colour bar: the title stays in the figure
+        ax.set_title("\n".join(textwrap.wrap(title or heading,
+                                             max(30, int((fig.get_figwidth() - 0.9) * 72 / 6.2)))),
+                     loc="left")
+        notes += _empty_notes(best)
+        if labels.peak_note() and finite.size:
+            notes.append(str(labels.peak_note()))
         if flagged:
             notes.append("† the best configuration changes with the FLOPs convention or the "
                          "metric; see the flags in the report.")
         if (best.get("n_failed_checks", pd.Series(dtype=float)).fillna(0) > 0).any():
             notes.append(MARK_NOTE)
         width = int(fig.get_figwidth() * 16)  # characters of 7.5 pt per line: notes stay in the figure
-        fig.text(0.01, -0.01, "\n".join(line for note in notes for line in textwrap.wrap(note, width)),
-                 ha="left", va="top", fontsize=7.5, color="#444444", transform=fig.transFigure)
+        # Under the axis label, wherever it ends up: x in the figure, y below the label's box.
+        ax.annotate("\n".join(line for note in notes for line in textwrap.wrap(note, width)),
+                    xy=(0.01, 0.0), xycoords=("figure fraction", ax.xaxis.label),
+                    xytext=(0, -6), textcoords="offset points", ha="left", va="top",
+                    fontsize=7.5, color="#444444", annotation_clip=False)
         return save(fig, stem)
+
+
+def _empty_notes(best: pd.DataFrame) -> list[str]:
+    """One line on what the empty cells' reasons mean, for the kinds of reason the figure has."""
+    reasons = [str(r) for r in best.loc[best["run_id"].isna(), "empty_reason"].fillna("")]
+    notes = []
+    if any(BUDGET_REASON in r for r in reasons):
+        notes.append(f"Hatched cells: {BUDGET_REASON}: the sweep's GPU-hour cap kept their runs "
+                     "from being launched.")
+    if any(r.startswith("no successful run") for r in reasons):
+        notes.append("No successful run: every attempt of the cell failed; the outcomes are counted.")
+    return notes
 
 
 def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int,

@@ -19,7 +19,7 @@ from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC
 from analysis.report import Report, write_report
 from sweep.collect.attempts import RUNS_FILE
 from sweep.core.errors import UserError
-from sweep.core.state import SEARCH_PROGRESS_FILE
+from sweep.core.state import BUDGET_LEFT_OUT_FILE, SEARCH_PROGRESS_FILE
 from sweep.plan.plan_file import PLAN_FILE
 
 # The flag kinds a report's summary prints one by one; every flag is in index.html.
@@ -39,8 +39,8 @@ def runs_file(source: Path) -> Path:
 
 def report_sweep(path: Path, out: Path | None = None, metric: str | None = None,
                  convention: str | None = None) -> Report:
-    """The report of a runs.parquet; the plan (why cells never ran) and a search's per-cell
-    progress are read from beside it when there."""
+    """The report of a runs.parquet; the plan (why cells never ran), a search's per-cell
+    progress and the runs a GPU-hour cap left out are read from beside it when there."""
     try:
         runs = pd.read_parquet(path)
     except (OSError, ValueError) as error:
@@ -49,10 +49,12 @@ def report_sweep(path: Path, out: Path | None = None, metric: str | None = None,
     plan = pd.read_parquet(plan_path) if plan_path.is_file() else None
     search_path = path.parent / SEARCH_PROGRESS_FILE
     search = pd.read_csv(search_path) if search_path.is_file() else None
+    left_out_path = path.parent / BUDGET_LEFT_OUT_FILE
+    left_out = left_out_path.read_text(encoding="utf-8").split() if left_out_path.is_file() else []
     try:
         return write_report(runs, out or path.parent / "report", metric=metric or DEFAULT_METRIC,
                             convention=convention or DEFAULT_CONVENTION, plan=plan,
-                            search=search)
+                            search=search, budget_left_out=left_out)
     except ValueError as error:
         raise UserError(f"{path}: {error}") from None
 

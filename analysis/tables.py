@@ -14,28 +14,34 @@ import pandas as pd
 
 from analysis.best import DEFAULT_METRIC, best_csv_frame
 from analysis.checks import MARK
+from analysis.labels import Labels
 
 _LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
                   "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
                   "^": r"\textasciicircum{}"}
 
 
-_VALUE_HEADERS = {"mfu": "MFU (%)", "tokens_per_sec_per_gpu": "Tokens/s/GPU"}
 RANKED = " (ranked)"
 
 
-def best_display(best: pd.DataFrame) -> pd.DataFrame:
+def value_headers(labels: Labels | None = None) -> dict[str, str]:
+    """The display headers of the two figures, per metric: tokens/s per GPU, or per rank on CPU."""
+    return {"mfu": "MFU (%)", "tokens_per_sec_per_gpu": f"Tokens/s/{(labels or Labels()).unit}"}
+
+
+def best_display(best: pd.DataFrame, labels: Labels | None = None) -> pd.DataFrame:
     """The best-config table as strings: one row per cell, empty cells with their reason. The
     ranked figure's header ends in " (ranked)"; a cell with a run that failed a check gets MARK
-    beside it (check_footnotes says which run and why)."""
+    beside it (check_footnotes says which run and why). `labels` name the unit (GPU or rank)."""
     metric = best["metric"].iloc[0] if "metric" in best.columns and len(best) else DEFAULT_METRIC
-    ranked = _VALUE_HEADERS[metric]
+    headers = value_headers(labels)
+    ranked = headers[metric]
     rows = []
     for _, cell in best.iterrows():
         row = {"Model": str(cell["model"]), "Nodes": str(int(cell["nodes"]))}
         if pd.isna(cell.get("run_id")):
             row.update({k: "–" for k in ("DP", "TP", "PP", "CP", "EP", "MBS", "GAS", "ZeRO",
-                                         "Recompute", *_VALUE_HEADERS.values())})
+                                         "Recompute", *headers.values())})
             row["Memory (GiB)"] = "–"
             row["Note"] = str(cell["empty_reason"])
         else:
@@ -44,7 +50,7 @@ def best_display(best: pd.DataFrame) -> pd.DataFrame:
                 row[key] = str(int(cell[column]))
             row["Recompute"] = str(cell["recompute"])
             row["MFU (%)"] = f"{cell['mfu_pct']:.2f}" if pd.notna(cell["mfu_pct"]) else "–"
-            row["Tokens/s/GPU"] = f"{cell['tokens_per_sec_per_gpu']:,.0f}"
+            row[headers["tokens_per_sec_per_gpu"]] = f"{cell['tokens_per_sec_per_gpu']:,.0f}"
             memory = cell.get("gpu_memory_GB")
             row["Memory (GiB)"] = f"{memory:.2f}" if pd.notna(memory) else "–"
             row["Note"] = ""
@@ -111,9 +117,10 @@ def _is_numeric(column: pd.Series) -> bool:
     return any(values) and all(numeric(v) for v in values if v)
 
 
-def write_best_tables(best: pd.DataFrame, out_dir: Path, caption: str) -> list[Path]:
+def write_best_tables(best: pd.DataFrame, out_dir: Path, caption: str,
+                      labels: Labels | None = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    display = best_display(best)
+    display = best_display(best, labels)
     paths = [out_dir / "best_configs.csv", out_dir / "best_configs_detail.csv",
              out_dir / "best_configs.md", out_dir / "best_configs.tex"]
     best_csv_frame(best).to_csv(paths[0], index=False)

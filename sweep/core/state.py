@@ -24,6 +24,7 @@ METRICS_FILE = "metrics.jsonl"
 ENV_FILE = "env.json"  # provenance, written by job.sbatch: slurm_job_id, slurm_array
 LEDGER_FILE = "ledger.jsonl"
 SEARCH_PROGRESS_FILE = "search_progress.csv"  # a search's decisions per cell, rewritten each round
+BUDGET_LEFT_OUT_FILE = "budget_left_out.txt"  # run ids a GPU-hour cap kept from being launched
 ATTEMPTS_DIR = "attempts"
 SLURM_STDERR_LINK = "job.err"  # in an attempt folder: the batch script's stderr (job.sbatch links it)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -83,3 +85,17 @@ def cpu_rows() -> list[dict[str, Any]]:
 @pytest.fixture
 def cpu_runs() -> pd.DataFrame:
     return _table(cpu_rows())
+
+
+def _svg_words(path: Path) -> str:
+    """The text a reader sees in an SVG figure: every <text> element, lines joined by spaces
+    (a wrapped title is one phrase again)."""
+    texts = re.findall(r"<text\b[^>]*>(.*?)</text>", path.read_text(encoding="utf-8"), flags=re.S)
+    plain = " ".join(re.sub(r"<[^>]+>", "", t) for t in texts)
+    return " ".join(plain.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">").split())
+
+
+@pytest.fixture
+def svg_words() -> Callable[[Path], str]:
+    """Reads an SVG figure's text as one string (see _svg_words)."""
+    return _svg_words

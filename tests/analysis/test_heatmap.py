@@ -54,11 +54,11 @@ def test_a_cell_with_a_run_that_failed_a_check_is_marked_with_a_note(tmp_path) -
     assert f">{MARK}<" not in clean and "failed a check" not in clean
 
 
-def test_the_metric_decides_what_the_cells_and_the_colour_bar_show(tmp_path) -> None:
+def test_the_metric_decides_what_the_cells_and_the_colour_bar_show(tmp_path, svg_words) -> None:
     best = cells().assign(metric="tokens_per_sec_per_gpu",
                           tokens_per_sec_per_gpu=[38894.5, 1234.4, None, None])
     plot_heatmap(best, tmp_path / "h")
-    svg = (tmp_path / "h.svg").read_text()
+    svg = svg_words(tmp_path / "h.svg")
     for text in ("38,894 tok/s", "1,234 tok/s", "Tokens/s per GPU", "ranked by tokens/s per GPU",
                  "Cell: tokens/s per GPU of the best run"):
         assert text in svg, text

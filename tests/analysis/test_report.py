@@ -110,7 +110,7 @@ def test_sweep_report_command(runs_parquet: Path, tmp_path, capsys) -> None:
 
 
 def test_the_cpu_demo_issue_impossible_mfu_never_shows_and_every_issue_is_listed(
-        cpu_runs, tmp_path) -> None:
+        cpu_runs, tmp_path, svg_words) -> None:
     report = write_report(cpu_runs, tmp_path / "r")
     out = report.out_dir
     assert "463.9" not in (out / "heatmap_best.svg").read_text()  # the impossible run's MFU
@@ -127,11 +127,13 @@ def test_the_cpu_demo_issue_impossible_mfu_never_shows_and_every_issue_is_listed
         for issue in issues:
             assert issue in flags_md and issue in index
     assert "! tiny-4l, 1 node(s)" in (out / "best_configs.md").read_text()
-    for stem, title in (("heatmap_best", "Best configuration per cell, ranked by MFU"),
-                        ("scaling", "Best configuration per cell against nodes"),
-                        ("failures", "Attempts per cell by outcome class"),
-                        ("mfu_distribution", "MFU (reported) of every completed run per cell")):
-        assert title in (out / f"{stem}.svg").read_text(), stem
+    for stem, title in (("heatmap_best", "Best configuration per cell on CPU, ranked by MFU "
+                                         "(as reported: full_attention)"),
+                        ("scaling", "Best configuration per cell against nodes on CPU"),
+                        ("failures", "Attempts per cell by outcome class on CPU"),
+                        ("mfu_distribution", "MFU (as reported: full_attention) of every "
+                                             "completed run per cell on CPU")):
+        assert title in svg_words(out / f"{stem}.svg"), stem
 
 
 def test_a_sweep_whose_every_run_is_left_out_still_gets_its_report(cpu_runs, tmp_path) -> None:
