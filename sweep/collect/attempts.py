@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from sweep.backends.local.backend import ACCOUNTING_FILE as LOCAL_ACCOUNTING_FILE
 from sweep.collect import cuda_oom
 from sweep.collect.attempt_metrics import metric_columns
+from sweep.collect.cpu_peaks import raise_measured_peaks, write_raised
 from sweep.collect.rows import (
     config_columns,
     env_job_id,
@@ -44,6 +45,7 @@ class CollectResult:
     computed: int
     reused: int
     with_issues: list[str] = field(default_factory=list)  # attempt_dir of rows with issues
+    raised_peaks: list[dict[str, Any]] = field(default_factory=list)  # sweep.collect.cpu_peaks
 
 
 # ---------------------------------------------------------------- file readers
@@ -311,8 +313,12 @@ def collect_sweep(sweep_dir: str | Path, previous: pa.Table | None = None,
     if reuse and previous is not None:
         parts.insert(0, previous.select(list(arrow_schema().names)).cast(arrow_schema()).take(reuse))
     table = pa.concat_tables(parts).sort_by([("run_id", "ascending"), ("attempt", "ascending")])
+    # a CPU peak that a run beat is raised for every run of the sweep (after reuse: the rule
+    # spans the whole table)
+    table, raised = raise_measured_peaks(table)
     issues = [r["attempt_dir"] for r in fresh if r.get("collect_issues")]
-    return CollectResult(table=table, computed=len(fresh), reused=len(reuse), with_issues=issues)
+    return CollectResult(table=table, computed=len(fresh), reused=len(reuse), with_issues=issues,
+                         raised_peaks=raised)
 
 
 def update_runs(sweep_dir: str | Path, out: str | Path | None = None,
@@ -322,6 +328,7 @@ def update_runs(sweep_dir: str | Path, out: str | Path | None = None,
     out = Path(out) if out is not None else Path(sweep_dir) / RUNS_FILE
     previous = None if full else read_runs(out)
     result = collect_sweep(sweep_dir, previous=previous, accounting=accounting)
+    write_raised(Path(sweep_dir), result.raised_peaks)
     write_runs(result.table, out)
     return result, out
 

@@ -41,6 +41,8 @@ def collect_summary(result: CollectResult, out: Path) -> list[str]:
     counts = ", ".join(f"{item['counts']} {item['values']}" for item in outcomes)
     lines = [f"{result.table.num_rows} attempt(s) ({counts}): {result.computed} computed, "
              f"{result.reused} reused → {out}"]
+    lines += [f"  CPU peak raised: {record['why']}" for record in result.raised_peaks
+              if record.get("raised")]
     lines += [f"  issues: {attempt_dir}" for attempt_dir in result.with_issues[:ISSUES_SHOWN]]
     if len(result.with_issues) > ISSUES_SHOWN:
         lines.append(f"  … and {len(result.with_issues) - ISSUES_SHOWN} more attempts with issues "

@@ -132,11 +132,22 @@ _FLOPS = _cols(
     ("flops_per_token_reported", "float64", "FLOP/token",
      "FLOPs per token implied by the reported MFU: mfu_reported × peak / tokens_per_sec_per_gpu"),
     ("peak_flops", "float64", "FLOP/s", "peak FLOP/s per GPU that MFU divides by: the catalog's "
-     "dense peak for the GPU and dtype, or a measured peak where the catalog has none (CPU)"),
-    ("peak_flops_source", "string", "", "catalog:<gpu>:<dtype> or measured:<how>"),
+     "dense peak for the GPU and dtype, or, on CPU, the sweep's measured peak for the host and run "
+     "shape, raised at collect to the achieved FLOP/s per rank of any run of the sweep that beat "
+     "it (sweep.collect.cpu_peaks)"),
+    ("peak_flops_source", "string", "", "catalog:<gpu>:<dtype>, or measured:<how> (CPU: `measured:"
+     "cpu-matmul-<dtype> best of N trials, R ranks × T threads at once on <host> …`, followed by "
+     "` | raised at collect …` and why, where a run beat the measured peak)"),
+    ("peak_flops_raised_from", "float64", "FLOP/s", "CPU: the measured peak before collect raised "
+     "it to peak_flops because a run of the sweep on the same host and shape achieved more per "
+     "rank; null where the measured peak stands (and for catalog peaks)"),
+    ("peak_exceeded", "bool", "", "CPU: this run's achieved FLOP/s per rank exceeded its host's "
+     "measured peak (under some FLOPs convention, or by its reported MFU), so it raised the "
+     "sweep's peak; false where it did not; null for catalog peaks"),
     *[(f"mfu_{c}", "float64", "fraction", f"tokens_per_sec_per_gpu × flops_per_token_{c} / "
        "peak_flops") for c in CONVENTIONS],
-    ("mfu_reported", "float64", "fraction", "MFU as the trainer or the publication reported it"),
+    ("mfu_reported", "float64", "fraction", "MFU as the trainer or the publication reported it "
+     "(a raised CPU peak rescales it: flops_per_token_reported × tokens_per_sec_per_gpu / peak_flops)"),
     ("mfu_reported_convention", "string", "", "convention of mfu_reported: full_attention "
      "(builtin), <framework>-log (the framework's own formula), published (basis not stated)"),
 )
