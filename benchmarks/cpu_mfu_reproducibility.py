@@ -1,0 +1,110 @@
+"""Is CPU MFU reproducible, and never above 100 %? The demo sweep, twice.
+
+Runs the demo spec (`sweep run examples/local-cpu.yaml`, plan → runs → collect, no report) into
+two temporary folders: first on the machine as it is, then beside a CPU load of two busy
+processes that this script starts before the second sweep and stops after it (each also ends by
+itself after --load-limit-s). Each sweep measures its own CPU peak when it starts
+(sweep.workload.peak), so the second sweep's peak is measured under the same load its runs meet.
+Prints, per run completed in both sweeps, the MFU (full-attention convention) of each; the last
+line: key=value pairs with the largest relative difference, the largest MFU of either sweep,
+each sweep's peaks and whether collect raised them, and the load average.
+
+Targets (issue 37): each completed run's MFU within 15 % between the two sweeps
+(|loaded − quiet| / quiet), and no MFU above 1 in either.
+
+Usage: .venv/bin/python benchmarks/cpu_mfu_reproducibility.py [--spec examples/local-cpu.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[1]
+MFU = "mfu_full_attention"
+BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def run_sweep(spec: Path, out: Path) -> tuple[dict[str, dict[str, Any]], float]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("SWEEP_ATTEMPT_DIR", None)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--out", str(out),
+                           "--no-report"], capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"sweep run {out} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    rows = pq.read_table(out / "runs.parquet").to_pylist()
+    return {row["run_id"]: row for row in rows}, wall
+
+
+def peaks(rows: dict[str, dict[str, Any]]) -> tuple[float, float, bool]:
+    """The measured peak, the peak used (raised or not), and whether collect raised it."""
+    measured = [r["peak_flops_raised_from"] or r["peak_flops"] for r in rows.values() if r["peak_flops"]]
+    used = [r["peak_flops"] for r in rows.values() if r["peak_flops"]]
+    raised = any(r["peak_flops_raised_from"] is not None for r in rows.values())
+    return max(measured), max(used), raised
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", type=Path, default=REPO / "examples" / "local-cpu.yaml")
+    parser.add_argument("--load-processes", type=int, default=2)
+    parser.add_argument("--load-limit-s", type=float, default=900.0,
+                        help="each busy process ends by itself after this long")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cpu-mfu-") as tmp:
+        quiet, quiet_s = run_sweep(args.spec, Path(tmp) / "quiet")
+        load = [subprocess.Popen([sys.executable, "-c", BUSY, str(args.load_limit_s)])
+                for _ in range(args.load_processes)]
+        try:
+            loaded, loaded_s = run_sweep(args.spec, Path(tmp) / "loaded")
+            load_avg = os.getloadavg()[0]
+        finally:
+            for process in load:
+                process.kill()
+            for process in load:
+                process.wait()
+    both = sorted(run for run in quiet if run in loaded and quiet[run]["outcome"] == "completed"
+                  and loaded[run]["outcome"] == "completed" and quiet[run][MFU] and loaded[run][MFU])
+    diffs = []
+    for run in both:
+        a, b = quiet[run][MFU], loaded[run][MFU]
+        diffs.append(abs(b - a) / a)
+        print(json.dumps({"run_id": run, "model": quiet[run]["model"], "nodes": quiet[run]["nodes"],
+                          "layout": quiet[run]["layout_label"], "mfu_quiet": round(a, 4),
+                          "mfu_loaded": round(b, 4), "rel_diff": round(diffs[-1], 4)}))
+    mfus = [row[c] for rows in (quiet, loaded) for row in rows.values()
+            for c in (MFU, "mfu_megatron", "mfu_6N", "mfu_reported") if row.get(c) is not None]
+    quiet_peak, loaded_peak = peaks(quiet), peaks(loaded)
+    figures = {
+        "runs_compared": len(both),
+        "completed_quiet": sum(r["outcome"] == "completed" for r in quiet.values()),
+        "completed_loaded": sum(r["outcome"] == "completed" for r in loaded.values()),
+        "max_rel_diff": max(diffs, default=float("nan")),
+        "within_15pct": sum(d <= 0.15 for d in diffs),
+        "max_mfu": max(mfus, default=float("nan")),
+        "measured_peak_quiet_gflops": quiet_peak[0] / 1e9, "peak_quiet_gflops": quiet_peak[1] / 1e9,
+        "raised_quiet": int(quiet_peak[2]),
+        "measured_peak_loaded_gflops": loaded_peak[0] / 1e9, "peak_loaded_gflops": loaded_peak[1] / 1e9,
+        "raised_loaded": int(loaded_peak[2]),
+        "sweep_quiet_s": quiet_s, "sweep_loaded_s": loaded_s,
+        "load_avg_1m": load_avg, "cores": float(os.cpu_count() or 0),
+    }
+    print(f"# {args.spec.name} twice: quiet, then beside {args.load_processes} busy processes; "
+          f"MFU = {MFU}; targets: max_rel_diff<=0.15, max_mfu<=1")
+    print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in figures.items()))
+
+
+if __name__ == "__main__":
+    main()
