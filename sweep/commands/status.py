@@ -1,7 +1,11 @@
-"""`sweep status DIR [--watch]`: the state of every run, from status files, squeue and sacct.
+"""`sweep status DIR|SPEC [--watch]`: the state of every run, from status files, squeue and sacct.
 
-A detached search adds its driver: job id, state, round, runs launched and skipped, GPU-hours
-spent, and the end of its log when it died.
+SPEC is resolved to its sweep folder as `sweep submit SPEC` chooses it (`--out`, else
+results/<name>); before it is submitted, status says so. A submit or resume that did not reach
+its end (stopped by a signal, or killed) is shown as half-submitted, with the command that
+finishes it (sweep.backends.slurm.submit_record). A detached search adds its driver: job id,
+state, round, runs launched and skipped, GPU-hours spent, and the end of its log when it died;
+the self-calibration line is about the round of now, never an earlier one.
 
 One poll costs at most one squeue and one sacct per 1,000 job arrays (queried by array id, never
 task by task). Shows counts by state and by (model, nodes), GPU-hours used and an estimate of
@@ -31,7 +35,11 @@ ORDER = ("completed", *FAILED, "running", "pending", "submitted", "unsubmitted",
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
+    parser.add_argument("sweep_dir", type=Path,
+                        help="the sweep folder, or the spec it was submitted from")
+    parser.add_argument("--out", type=Path,
+                        help="with SPEC: its sweep folder, as given to `sweep submit SPEC --out` "
+                             "(default results/<name>)")
     parser.add_argument("--watch", action="store_true",
                         help="poll until no run is pending or running (Ctrl-C stops)")
     parser.add_argument("--interval", type=float, default=30.0, metavar="S",
@@ -162,16 +170,64 @@ def _cells(progress: dict[str, object]) -> str:
     return f" (cells: {still} open, {cells - still} closed)"
 
 
+def calibration_line(folder: Path, progress: dict[str, object]) -> str | None:
+    """The self-calibration line, about now: the latest re-plan, and when it had nothing to
+    learn from, said as of the round it preceded, never as if that still held (a file it did
+    not find then may be there now)."""
+    from sweep.search.round_calibration import describe_latest, read_rounds
+
+    rounds = read_rounds(folder)
+    if not rounds:
+        return None
+    latest = rounds[-1]
+    if latest.get("calibrated"):
+        return describe_latest(folder)
+    reason = str(latest.get("reason", "?"))
+    if (folder / "runs.parquet").is_file() and "no such file" in reason.lower():
+        reason = "no attempt had been collected yet"
+    number = latest.get("round")
+    if not isinstance(number, int):
+        return f"self-calibration at {number}: nothing to learn from then ({reason})"
+    before = number + 1
+    now = progress.get("round")
+    over = progress.get("phase") in ("done", "budget", "reporting", "searched")
+    if over or (isinstance(now, int) and now > before):
+        since = ("the search has ended since" if over else f"round {now} is the current one")
+        return (f"self-calibration: the re-plan before round {before} had nothing to learn from "
+                f"({reason}); {since}")
+    return f"self-calibration before round {before}: nothing to learn from yet ({reason})"
+
+
+def resolve(target: Path, out: Path | None) -> Path | None:
+    """The sweep folder of a folder or a spec (None: the spec's folder has no runs yet)."""
+    if target.is_file():
+        from sweep.search.render_sweep import sweep_dir_of
+
+        folder = sweep_dir_of(target, out)
+        return folder if (folder / "runs").is_dir() else None
+    if out is not None:
+        raise UserError(f"--out applies to a spec; {target} is a sweep folder")
+    return target
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from sweep.backends.slurm.client import SlurmError
+    from sweep.backends.slurm.submit_record import describe_submit
     from sweep.backends.slurm.sweep_folder import skipped_by_search
     from sweep.backends.slurm.tracker import Tracker
-    from sweep.search.driver import observe_driver
-    from sweep.search.round_calibration import describe_latest
+    from sweep.search.driver import observe_driver, read_progress
 
-    tracker = Tracker(args.sweep_dir)
+    folder = resolve(args.sweep_dir, args.out)
+    if folder is None:
+        from sweep.search.render_sweep import sweep_dir_of
+
+        where = sweep_dir_of(args.sweep_dir, args.out)
+        print(f"{args.sweep_dir}: not submitted yet (no runs in {where}); "
+              f"`sweep submit {args.sweep_dir}` plans, renders and submits it")
+        return 0
+    tracker = Tracker(folder)
     console = Console()
     if not console.is_terminal:  # a pipe or a log file: do not squeeze the tables into 80 columns
         console = Console(width=max(console.width, 140))
@@ -186,6 +242,9 @@ def run(args: argparse.Namespace) -> int:
         skipped = skipped_by_search(tracker.dir)
         for item in render(observation, tracker.dir, time.perf_counter() - started, skipped):
             console.print(item)
+        half = describe_submit(tracker.dir)
+        if half is not None:
+            console.print(half, markup=False, highlight=False, soft_wrap=True)
         try:
             view = observe_driver(tracker.dir, tracker.slurm)
         except SlurmError as error:
@@ -193,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         if view is not None:
             console.print(render_driver(view, gpu_hours(observation, skipped)[0]), markup=False,
                           highlight=False, soft_wrap=True)
-        calibrated = describe_latest(tracker.dir)
+        calibrated = calibration_line(tracker.dir, view.progress if view is not None
+                                      else read_progress(tracker.dir))
         if calibrated is not None:
             console.print(calibrated, markup=False, highlight=False, soft_wrap=True)
         driving = view is not None and view.state == "live"

@@ -35,6 +35,14 @@ class Rendered:
             "limit; each run decides)" if probes else "")
 
 
+def sweep_dir_of(spec_path: Path, out: Path | None = None) -> Path:
+    """The sweep folder a spec is rendered into (`sweep render`/`sweep submit SPEC`, and
+    `sweep status SPEC`): `out`, else results/<the spec's name>."""
+    from sweep.plan.spec import load_spec
+
+    return out or Path("results") / load_spec(spec_path).name
+
+
 def render_sweep(spec_path: Path, out: Path | None = None, plan_file: Path | None = None
                  ) -> Rendered:
     """Plan (or reuse the sweep folder's current plan) and render every kept run."""
