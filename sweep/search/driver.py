@@ -118,6 +118,7 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
     # A relative templates_dir is anchored where the driver runs: the submitting directory.
     calibration, line = for_search(folder, spec, plan, enabled=options.calibrate)
     print(line, flush=True)
+    _print_budget(backend.tracker, options.max_gpu_hours)
     try:
         search = search_sweep(folder, plan, options.strategy, workloads_for(spec), rounds,
                               params=Params.with_top(options.top), calibration=calibration,
@@ -128,6 +129,18 @@ def search_on_slurm(folder: Path, options: SearchOptions, *,
                    f"search asked for were left out, listed in {folder / LEFT_OUT_FILE}")
         return SearchEnd(summary, rounds.rounds, len(rounds.launched), 0, stop.left_out)
     return SearchEnd(search.summary(folder), search.result.rounds, search.launched, search.saved)
+
+
+def _print_budget(tracker: Tracker, cap: float | None) -> None:
+    """The estimate and the cap of the runs not submitted yet, as submit and resume print them
+    (sweep.backends.slurm.budget_gate): the driver's log says what it may still spend."""
+    from sweep.backends.slurm.budget_gate import describe
+    from sweep.backends.slurm.submission import latest_tasks
+
+    seen = latest_tasks(tracker.submissions())
+    todo = [r for r in tracker.run_ids() if r not in seen]
+    if todo:
+        print(describe(tracker, todo, cap)[0], flush=True)
 
 
 def collect_and_report(folder: str | Path) -> int:
