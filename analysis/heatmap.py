@@ -100,7 +100,7 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
                      loc="left")
         notes += _empty_notes(best)
         if labels.peak_note() and finite.size:
-            notes.append(str(labels.peak_note()))
+            notes.append(str(labels.peak_note(most=2)))
         if flagged:
             notes.append("† the best configuration changes with the FLOPs convention or the "
                          "metric; see the flags in the report.")

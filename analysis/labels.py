@@ -71,13 +71,16 @@ class Labels:
         """" on CPU" / " on H100" / "": where the runs ran, for a title."""
         return f" on {self.hardware}" if self.hardware else ""
 
-    def peak_note(self) -> str | None:
-        """What MFU divides by, when a reader could mistake it for a datasheet figure."""
+    def peak_note(self, most: int | None = None) -> str | None:
+        """What MFU divides by, when a reader could mistake it for a datasheet figure; `most`
+        sources named (a figure's note), the others counted."""
         if self.metric != "mfu" or not self.measured_peaks:
             return None
         device = "CPU" if self.cpu else "device"
+        named = self.measured_peaks[:most] if most else self.measured_peaks
+        more = len(self.measured_peaks) - len(named)
         return (f"MFU divides by a measured {device} peak, not a datasheet figure "
-                f"({', '.join(self.measured_peaks)}).")
+                f"({'; '.join(named)}{f'; {more} more in the report' if more else ''}).")
 
 
 def labels_for(runs: pd.DataFrame, metric: str, convention: str) -> Labels:

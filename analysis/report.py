@@ -128,6 +128,7 @@ nav a{margin-right:1em}
 .scroll{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0}
 th,td{padding:0.25em 0.6em;border-bottom:1px solid #ddd;text-align:right;overflow-wrap:normal}
+th{vertical-align:bottom}
 th:first-child,td:first-child{text-align:left}
 td:last-child{overflow-wrap:anywhere}
 .flag{margin:0.4em 0}.kind{font-weight:bold}.muted{color:#666;font-size:0.9em}
@@ -189,7 +190,14 @@ def _index_html(runs: pd.DataFrame, best: pd.DataFrame, counts: pd.DataFrame, fl
         peak_note=labels.peak_note(), per_unit=f"tokens/s per {labels.unit}",
         best_table=Markup(best_display(best, labels).to_html(index=False, border=0)),  # pandas escapes
         failure_table=Markup(failure_table.to_html(index=False, border=0)),
-        search_table=None if search is None else Markup(search.to_html(index=False, border=0)))
+        search_table=None if search is None else Markup(_breakable(search).to_html(index=False,
+                                                                                   border=0)))
+
+
+def _breakable(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with a line break allowed after each "_" and ":" of its headers
+    (best_tokens_per_s_per_gpu, skipped:<rule>), so a wide table fits a laptop's page."""
+    return frame.rename(columns=lambda c: str(c).replace("_", "_\u200b").replace(":", ":\u200b"))
 
 
 def markdown_summary(report: Report) -> str:

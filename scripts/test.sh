@@ -2,6 +2,7 @@
 # The test command: sets up everything the tests need on a fresh machine, then runs them.
 #   1. the virtualenv with llm-sweep, torch (CPU wheel) and pytest   (scripts/setup-env.sh)
 #   2. shellcheck, to lint rendered sbatch scripts                     (Debian package)
+#      Chromium and chromedriver, to open the report's index.html       (Debian packages)
 #   3. a real Slurm cluster: munge, MariaDB+slurmdbd, slurmctld, 4 slurmd (scripts/local-slurm.sh)
 # Then pytest over tests/, on SWEEP_TEST_WORKERS pytest-xdist workers (default 4; a file's tests
 # stay on one worker, the live-Slurm tests run one at a time: tests/conftest.py). Extra arguments go to pytest
@@ -19,6 +20,16 @@ if ! command -v shellcheck >/dev/null 2>&1; then
       -o DPkg::Lock::Timeout=600 shellcheck) >/dev/null
   else
     echo "test.sh: shellcheck is missing and this is not root: install it (apt-get install shellcheck)" >&2
+  fi
+fi
+
+# A real browser for report/index.html (tests/analysis/test_report_browser.py, driven by Selenium).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      -o DPkg::Lock::Timeout=600 chromium chromium-driver) >/dev/null
+  else
+    echo "test.sh: chromium is missing and this is not root: install it (apt-get install chromium chromium-driver)" >&2
   fi
 fi
 

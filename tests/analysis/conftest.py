@@ -87,6 +87,12 @@ def cpu_runs() -> pd.DataFrame:
     return _table(cpu_rows())
 
 
+@pytest.fixture(scope="module")
+def demo_rows() -> tuple[Callable[..., dict[str, Any]], list[dict[str, Any]]]:
+    """For module-scoped fixtures: the row builder (_run_row) and the demo's rows (cpu_rows)."""
+    return _run_row, cpu_rows()
+
+
 def _svg_words(path: Path) -> str:
     """The text a reader sees in an SVG figure: every <text> element, lines joined by spaces
     (a wrapped title is one phrase again)."""
