@@ -228,3 +228,17 @@ def test_the_overlap_check_sees_an_overlap() -> None:
     fig.canvas.draw()
     assert [sorted(pair) for pair in overlaps(fig)] == [["Nodes", "a caption over the label"]]
     plt.close(fig)
+
+
+def test_without_the_plan_the_budget_is_a_note_not_a_guess(cpu_runs) -> None:
+    """No plan.parquet (no run ids per cell): the cells keep their reasons, and a note counts
+    what the budget left out."""
+    from analysis.best import best_configs
+    from analysis.cells import budget_reasons, unplaced_note
+
+    best = best_configs(cpu_runs)
+    assert budget_reasons(best, None, ["x", "y"]) is best
+    assert unplaced_note(None, ["x", "y"]) == [
+        "2 planned run(s) were left out by the budget (the GPU-hour cap); without the plan's run "
+        "ids the report cannot say which cells they belong to."]
+    assert unplaced_note(None, []) == []
