@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     with SubmitSession("resume") as session:
         try:
             return _run(args, session)
+        except UserError as error:
+            session.failed(error)
+            raise
         except Stopped as stop:
             session.ignore_signals()
             session.stopped(stop)

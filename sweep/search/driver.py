@@ -424,7 +424,12 @@ def record_search(folder: Path, options: SearchOptions) -> None:
     goes on with as this search, not as plain arrays."""
     from sweep.backends.slurm.tracker import Tracker
 
-    with Tracker(folder).lock():
+    tracker = Tracker(folder)
+    with tracker.lock():
+        recorded = str(read_record(folder).get("job_id") or "")
+        if recorded and driver_state(recorded, *driver_slurm_states(tracker.slurm, recorded)) \
+                == "live":
+            return  # its driver goes on with its own options; start_driver says so
         write_record(folder, options=asdict(options), recorded_at=time.time())
 
 

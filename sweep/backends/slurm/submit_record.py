@@ -142,6 +142,12 @@ class SubmitSession:
         self.fields.update(stopped_by=stop.name, stopped_at=time.time(), **fields)
         self._write()
 
+    def failed(self, error: BaseException) -> None:
+        """The command ended on an error (a failed preflight, a refused sbatch): recorded, so
+        that status says why the sweep is half-submitted."""
+        self.fields.update(error=str(error).splitlines()[0][:300], stopped_at=time.time())
+        self._write()
+
     def _write(self) -> None:
         if self.folder is not None and self.folder.is_dir():
             atomic_write_json(self.folder / SUBMIT_FILE, {**self.fields, "phase": self.phase})
@@ -219,6 +225,9 @@ def describe_submit(folder: Path) -> str | None:
         left = f"; {record['left']}" if record.get("left") else ""
         return (f"half-submitted: {what} by {record['stopped_by']}{left}; "
                 f"`{finish}` finishes it")
+    if record.get("error"):
+        return (f"half-submitted: {command} failed during {phase} ({record['error']}); once "
+                f"that is fixed, `{finish}` finishes it")
     if _alive(record):
         return f"{command} (pid {record.get('pid')}) is at work: {phase}"
     return (f"half-submitted: {command} ended during {phase} without finishing (killed?); "
