@@ -9,13 +9,14 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from sweep.backends.base import Rounds
+from sweep.backends.base import Rounds, Submitted
 from sweep.backends.local import backend as local
+from sweep.plan.budget import BudgetReached
 from tests.backends.local.test_backend import run_with_script
 
 QUICK = "echo start; sleep 0.3; echo done\n"
@@ -70,3 +71,51 @@ def test_an_interrupted_round_cancels_what_is_in_flight(tmp_path: Path) -> None:
     record = json.loads((attempt / local.ACCOUNTING_FILE).read_text())
     assert record["State"] == "CANCELLED"
     assert not backend.in_flight({run.name})
+
+
+class CappedCluster:
+    """A backend whose runs each end at the next poll, having spent `spent_h` GPU-hours of the
+    `upper_h` their time limit allows, under the one budget rule (sweep.plan.budget.fit_budget:
+    spent + in flight at its limit + each new run at its limit ≤ cap)."""
+
+    def __init__(self, cap_h: float, upper_h: float = 1.0, spent_h: float = 0.1) -> None:
+        self.cap_h, self.upper_h, self.spent_h = cap_h, upper_h, spent_h
+        self.running: set[str] = set()
+        self.done: set[str] = set()
+        self.most_in_flight = 0
+
+    def submit(self, run_dirs: Sequence[Path]) -> Submitted:
+        from sweep.plan.budget import RunCost, fit_budget
+
+        committed = len(self.done) * self.spent_h + len(self.running) * self.upper_h
+        fit = fit_budget([RunCost(d.name, 1, self.upper_h * 3600, 0.0) for d in run_dirs],
+                         committed, self.cap_h)
+        self.running |= set(fit.chosen)
+        self.most_in_flight = max(self.most_in_flight, len(self.running))
+        return Submitted(launched=fit.chosen, left_out=fit.left_out, cap_gpu_hours=self.cap_h)
+
+    def in_flight(self, run_ids: Collection[str]) -> set[str]:
+        ending, self.running = self.running, set()
+        self.done |= ending
+        return set()
+
+    def finished(self, run_dir: Path) -> bool:
+        return run_dir.name in self.done
+
+    def cancel(self) -> None:
+        self.running.clear()
+
+
+def test_under_a_cap_a_round_waits_for_room_and_the_later_rounds_go_on(tmp_path: Path) -> None:
+    """One run fits at a time (cap 1.5, each run 1.0 at its limit): the first round's three runs
+    go out one after the other, the second round's two too, never two at once; once what was
+    spent leaves no room for one run even with nothing in flight, the cap ends the search."""
+    cluster = CappedCluster(cap_h=1.5)
+    rounds = Rounds(cluster, poll_s=0.0)
+    rounds([tmp_path / r for r in ("a", "b", "c")])
+    rounds([tmp_path / r for r in ("d", "e")])
+    assert rounds.rounds == 2 and rounds.launched == ["a", "b", "c", "d", "e"]
+    assert cluster.most_in_flight == 1
+    with pytest.raises(BudgetReached) as stop:  # 5 × 0.1 spent: 0.5 + 1.0 still fits ...
+        rounds([tmp_path / r for r in ("f", "g")])
+    assert rounds.launched[5:] == ["f"] and stop.value.left_out == ["g"]  # ... 0.6 + 1.0 not
