@@ -27,6 +27,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -104,6 +105,8 @@ class SubmitSession:
         self._log: IO[str] | None = None
 
     def __enter__(self) -> SubmitSession:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # only the main thread may set handlers: signals keep their defaults
         for signum in _SIGNALS:
             self._previous[signum] = signal.signal(signum, self._on_signal)
         return self
