@@ -47,11 +47,17 @@ class MemoryVerdicts:
     probes: int  # the point estimate is over, the band's low end under: kept, the run decides
     pruned: int  # pruned:memory (with probes on, the band's low end is over too)
     pruned_could_fit: int  # pruned although the band reaches under (only with probes off)
-    band: tuple[float, float]
+    band: tuple[float, float] | None  # None: a CPU rank's share of host memory, no band
+    limit: str = ""  # the limit per rank and its source (`space.MemoryLimit.describe`)
 
     def describe(self) -> str:
+        limit = f"limit {self.limit}; " if self.limit else ""
+        if self.band is None:
+            return (f"memory ({limit}a CPU rank's predicted tensors against it): "
+                    f"{self.kept_with_room} kept, {self.pruned} pruned")
         low, high = self.band
-        text = (f"memory (band: the reserved peak's left-out error, {low:+.0%} .. {high:+.0%}): "
+        text = (f"memory ({limit}band: the reserved peak's left-out error, "
+                f"{low:+.0%} .. {high:+.0%}): "
                 f"{self.kept_with_room} kept with room to spare, {self.kept_could_oom} kept "
                 f"that could run out, {self.probes} probe(s) (over the limit by the point "
                 f"estimate, under it by the band: kept, and the run decides), {self.pruned} "
@@ -64,10 +70,17 @@ class MemoryVerdicts:
 
 def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
     """Counts of the memory rule's verdicts against the model's uncertainty band
-    (sweep.models.memory.reserved_interval); None when the GPU has no memory ceiling."""
-    budget = space.memory_budget_bytes(spec)
-    if budget is None or "mem_reserved_bytes" not in frame:
+    (sweep.models.memory.reserved_interval), and the limit with its source; None when there is
+    no memory limit (`space.memory_limit`)."""
+    limit = space.memory_limit(spec)
+    if limit is None or "mem_reserved_bytes" not in frame:
         return None
+    budget = limit.budget_bytes
+    if limit.device.host_share:  # a CPU rank's tensors against its share of host memory: no band
+        status = frame["status"]
+        return MemoryVerdicts(kept_with_room=int((status == space.KEPT).sum()), kept_could_oom=0,
+                              probes=0, pruned=int((status == "pruned:memory").sum()),
+                              pruned_could_fit=0, band=None, limit=limit.describe())
     judged = frame["status"].isin([space.KEPT, "pruned:memory"]) \
         & frame["mem_reserved_bytes"].notna()
     rows = frame[judged]
@@ -79,7 +92,7 @@ def memory_verdicts(frame: pd.DataFrame, spec: Spec) -> MemoryVerdicts | None:
                           kept_could_oom=int((kept & ~probe & (high > budget)).sum()),
                           probes=int(probe.sum()), pruned=int((~kept).sum()),
                           pruned_could_fit=int(((low <= budget) & ~kept).sum()),
-                          band=spec.reserved_band)
+                          band=spec.reserved_band, limit=limit.describe())
 
 
 # The built-in workload, Llama-3.2-3B at micro-batch 4, seq 2048, on an H200 (PyTorch 2.11):
@@ -92,8 +105,8 @@ def allocator_notes(spec: Spec) -> list[str]:
     """What `sweep plan` says of the caching allocator: the spec's own allocator constants, where
     it names them; and where the runs configure the allocator, that the memory model's reserve
     beyond live tensors was fitted without such settings, and how to calibrate rather than guess a
-    correction. For expandable segments it adds what one measurement saw (README, "On a real
-    GPU"): two runs are not a model of it."""
+    correction. For expandable segments it adds what one measurement saw (docs/workload.md,
+    "Checks on a real GPU"): two runs are not a model of it."""
     notes = []
     constants = spec.constraints.allocator
     if constants is not None:
@@ -140,6 +153,9 @@ RULE_HINTS: Final = {
 }
 
 
+RULE_TABLE: Final = 'see what the rule checks in docs/planning.md ("The rules")'
+
+
 def nothing_kept(spec_path: Path, frame: pd.DataFrame) -> str:
     """The error of a plan that keeps nothing: the rules that pruned the most, and what to change."""
     counts = frame["prune_rule"].value_counts()
@@ -147,8 +163,9 @@ def nothing_kept(spec_path: Path, frame: pd.DataFrame) -> str:
     lines = [f"{spec_path}: every one of the {len(frame)} candidates was pruned; "
              "nothing would run. The rules that pruned the most:"]
     for rule, count in counts.head(3).items():
-        hint = RULE_HINTS.get(str(rule), "see the README's rule table")
-        lines.append(f"  {rule}: {count} candidates — try {hint}")
+        hint = RULE_HINTS.get(str(rule))
+        advice = f"try {hint}" if hint else RULE_TABLE
+        lines.append(f"  {rule}: {count} candidates — {advice}")
     return "\n".join(lines)
 
 
@@ -243,7 +260,8 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
     model = next(m for m in spec.model_shapes if m.name == str(row["model"]))
     estimate = memory.estimate(model, layout, seq_len=spec.seq_len, dtype=spec.dtype,
                                profile=spec.memory_profile)
-    budget = space.RuleContext.from_spec(spec, model).memory_budget_bytes
+    limit = space.memory_limit(spec)
+    budget = space.RuleContext.from_spec(spec, model, limit).memory_budget_bytes
     lines = [f"{run_id}: {model.name} on {int(row['nodes'])} node(s), {layout.label()}",
              f"framework profile: {spec.framework}"
              + (" (the spec's allocator constants)" if spec.allocator else "")
@@ -257,7 +275,8 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
         lines.append(f"gradients: whole, not 1/{shards} of them: {by} defers FSDP's "
                      "reduce-scatter to the step's last micro-batch")
     if budget is not None:
-        lines.append(f"budget: {budget / GiB:.2f} GiB ({spec.gpu}, headroom "
+        source = limit.device.source if limit is not None else spec.gpu
+        lines.append(f"budget: {budget / GiB:.2f} GiB ({source}, headroom "
                      f"{spec.constraints.memory_headroom:.0%}) → fits with "
                      f"{(budget - estimate.total_bytes) / GiB:.2f} GiB to spare")
     return "\n".join(lines)

@@ -19,7 +19,8 @@ pp = 1 the pipeline schedule changes nothing, so it appears once (the first sche
 vpp = 1); with a single replica (dp·ep·cp = 1) ZeRO has nothing to shard, so the layout appears
 once, at the lowest ZeRO stage listed. The interleaved schedule uses vpp = 2 virtual stages per pipeline rank.
 
-Pure: no I/O. The memory rule calls `sweep.models.memory.estimate_columns`.
+Pure, except where the memory rule's limit on a CPU spec comes from Slurm or this host
+(`sweep.plan.device_memory`). The memory rule calls `sweep.models.memory.estimate_columns`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from numpy.typing import ArrayLike
 from sweep.core.layout import LAYOUT_COLUMNS, LAYOUT_INT_COLUMNS, ROW_KEY, Layout
 from sweep.core.model import ModelShape
 from sweep.core.runconfig import RunConfig
+from sweep.core.units import GiB
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.frameworks.capability_check import capability_failures
@@ -51,6 +53,7 @@ from sweep.models.memory_profiles import (
     MemoryProfile,
     profile_with,
 )
+from sweep.plan.device_memory import DeviceMemory, device_memory
 from sweep.plan.spec import OVERRIDE_COLUMNS, Spec
 
 
@@ -89,7 +92,10 @@ PRUNE_RULES: Final = (
     PruneRule("memory", "the memory model's total for the most loaded GPU exceeds its memory "
                         "× (1 − constraints.memory_headroom), and so does the low end of its "
                         "left-out error band (inside the band the run is kept as a probe; "
-                        "constraints.memory_probes: false prunes on the point estimate)"),
+                        "constraints.memory_probes: false prunes on the point estimate); on "
+                        "gpu: cpu without gpu_memory_gb, the tensors a rank holds "
+                        "(mem_allocated_bytes) exceed its share of host memory "
+                        "(`sweep.plan.device_memory`)"),
 )
 RULE_NAMES: Final = tuple(rule.name for rule in PRUNE_RULES)
 KEPT: Final = "kept"
@@ -107,10 +113,38 @@ class PlanError(ValueError):
 
 
 def memory_budget_bytes(spec: Spec) -> int | None:
-    """What the memory rule allows per GPU: its memory less the spec's headroom (None: the device
-    has no fixed ceiling, and there is no memory rule)."""
+    """The device's fixed ceiling less the spec's headroom: the GPU's memory, or `gpu_memory_gb`
+    (None: no fixed ceiling, as `gpu: cpu` without `gpu_memory_gb`). The self-calibrations judge
+    attempts by it; the planner prunes by `memory_limit`, which also finds a CPU rank's share of
+    Slurm's or the host's memory."""
     gpu_bytes = spec.gpu_spec.memory_bytes
     return None if gpu_bytes is None else int(gpu_bytes * (1.0 - spec.constraints.memory_headroom))
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """What the memory rule allows per rank (the device's memory less the spec's headroom) and
+    where the device's figure comes from (`sweep.plan.device_memory`)."""
+
+    budget_bytes: int
+    device: DeviceMemory
+
+    def describe(self) -> str:
+        return f"{self.budget_bytes / GiB:.1f} GiB per rank ({self.device.source})"
+
+
+
+def memory_limit(spec: Spec) -> MemoryLimit | None:
+    """The memory rule's limit per rank and its source; None: no figure, no memory rule."""
+    device = device_memory(spec)
+    if device is None:
+        return None
+    return MemoryLimit(int(device.bytes * (1.0 - spec.constraints.memory_headroom)), device)
+
+
+def memory_prune_detail(limit: MemoryLimit) -> str:
+    """The `prune_detail` of a candidate the memory rule prunes."""
+    return f"memory: the predicted peak per rank is over {limit.describe()}"
 
 
 @dataclass(frozen=True)
@@ -135,10 +169,14 @@ class RuleContext:
     gpu: str = ""
     allocator: Allocator | None = None  # the spec's allocator constants; None: the profile's own
     reserved_band: tuple[float, float] = RESERVED_BAND  # the probes' band (`memory_over`)
+    memory_on_tensors: bool = False  # a CPU rank's share of host memory: judge its tensors
 
     @classmethod
-    def from_spec(cls, spec: Spec, model: ModelShape) -> RuleContext:
-        budget = memory_budget_bytes(spec)
+    def from_spec(cls, spec: Spec, model: ModelShape,
+                  limit: MemoryLimit | None | bool = True) -> RuleContext:
+        """`limit`: the memory rule's (`memory_limit`, looked up when True)."""
+        found = memory_limit(spec) if limit is True else limit or None
+        budget = found.budget_bytes if found is not None else None
         return cls(model=model, framework=spec.framework,
                    gpus_per_node=spec.gpus_per_node_resolved, seq_len=spec.seq_len,
                    global_batch_sequences=spec.global_batch_sequences, dtype=spec.dtype,
@@ -150,7 +188,8 @@ class RuleContext:
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
                    tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu,
-                   allocator=spec.allocator, reserved_band=spec.reserved_band)
+                   allocator=spec.allocator, reserved_band=spec.reserved_band,
+                   memory_on_tensors=found is not None and found.device.host_share)
 
     def memory_profile(self) -> MemoryProfile:
         """The framework's memory profile, with the spec's allocator constants if it names them."""
@@ -264,8 +303,11 @@ def evaluate(columns: Mapping[str, np.ndarray], ctx: RuleContext,
             full[wanted] = values
             mem[key] = full
     if ctx.memory_budget_bytes is not None and "memory" not in skip and mem:
-        over = memory_over(mem, ctx.memory_budget_bytes, probes=ctx.memory_probes,
-                           band=ctx.reserved_band)
+        if ctx.memory_on_tensors:  # host memory: no CUDA context, no caching allocator, no band
+            over = np.asarray(mem["mem_allocated_bytes"]) > ctx.memory_budget_bytes
+        else:
+            over = memory_over(mem, ctx.memory_budget_bytes, probes=ctx.memory_probes,
+                               band=ctx.reserved_band)
         code[(code == -1) & wanted & over] = RULE_NAMES.index("memory")
     return code, mem
 
@@ -412,12 +454,15 @@ def plan(spec: Spec) -> pd.DataFrame:
     """Every candidate of the spec with its status, prune rule, memory estimate and run id."""
     parts: list[dict[str, np.ndarray]] = []
     ids: list[str] = []  # the kept rows' run ids, in row order
+    limit = memory_limit(spec)
     for nodes in spec.nodes:
         candidates = enumerate_candidates(spec, nodes)
         for m_index, model in enumerate(spec.model_shapes):
-            ctx = RuleContext.from_spec(spec, model)
+            ctx = RuleContext.from_spec(spec, model, limit)
             code, mem = evaluate(candidates, ctx)
             detail = np.full(len(code), None, dtype=object)
+            if limit is not None:
+                detail[code == RULE_NAMES.index("memory")] = memory_prune_detail(limit)
             by_framework = code == RULE_NAMES.index("framework")
             if by_framework.any():
                 detail[by_framework] = capability_details(
@@ -454,7 +499,8 @@ def plan(spec: Spec) -> pd.DataFrame:
     slots = pa.array(np.cumsum(kept) - 1, mask=~kept)  # row → index into ids, null if pruned
     columns["run_id"] = pd.arrays.ArrowStringArray(pa.array(ids, pa.string()).take(slots))
     frame = pd.DataFrame(columns, copy=False)  # the arrays are fresh: no second copy
-    frame["probe"] = is_probe(frame, memory_budget_bytes(spec))
+    probes = limit is not None and not limit.device.host_share  # else judged on its tensors
+    frame["probe"] = is_probe(frame, limit.budget_bytes if probes and limit else None)
     return frame
 
 

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from sweep.core.units import GiB
+from sweep.plan import device_memory
 from sweep.plan.plan_summary import memory_verdicts
 from sweep.plan.spec import parse_spec
 
 
-def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -> None:
+def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The band is the reserved peak's left-out error (−32 % .. +16 % of the prediction): a
     prediction a little over the budget may fit (a probe), one a little under it may not."""
     spec = parse_spec("name: band\nframework: builtin\ngpu: cpu\ngpu_memory_gb: 1\n"
@@ -29,6 +32,10 @@ def test_plan_counts_the_memory_verdicts_against_the_models_uncertainty_band() -
     assert memory_verdicts(point_only, spec).pruned_could_fit == 1  # type: ignore[union-attr]
     no_ceiling = parse_spec("name: band\nframework: builtin\ngpu: cpu\nmodels: [tiny-4l]\n"
                             "nodes: [1]\nseq_len: 64\nglobal_batch: {sequences: 4}\n")
+    # without gpu_memory_gb a CPU rank gets a share of Slurm's or the host's memory, judged on
+    # its tensors without a band (tests/plan/test_device_memory.py); with no such figure, no rule
+    monkeypatch.setattr(device_memory, "slurm_real_memory_mb", lambda partition: None)
+    monkeypatch.setattr(device_memory, "host_memory_bytes", lambda: None)
     assert memory_verdicts(frame, no_ceiling) is None
 
 
@@ -88,3 +95,19 @@ def test_the_explanation_says_why_a_rank_holds_whole_gradients_under_zero() -> N
         shown = explain(spec, plan, str(run_id))
         assert ("gradients: whole, not 1/8 of them" in shown) == (said is not None)
         assert said is None or said in shown
+
+
+def test_a_plan_that_keeps_nothing_points_to_the_rule_table_in_the_docs() -> None:
+    """A rule without a hint of its own names the docs page with the rule table (not "try see
+    the README's rule table")."""
+    from pathlib import Path
+
+    from sweep.plan.plan_summary import RULE_HINTS, nothing_kept
+
+    frame = pd.DataFrame({"prune_rule": pd.Categorical(["cp_seq"] * 3 + ["memory"])})
+    text = nothing_kept(Path("spec.yaml"), frame)
+    assert "  cp_seq: 3 candidates — see what the rule checks in docs/planning.md (\"The rules\")" \
+        in text
+    assert f"  memory: 1 candidates — try {RULE_HINTS['memory']}" in text
+    assert "README" not in text and "try see" not in text
+    assert "## The rules" in (Path(__file__).parents[2] / "docs" / "planning.md").read_text()
