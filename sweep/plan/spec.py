@@ -255,7 +255,7 @@ class RunSettings(_Strict):
     # The framework version to render for (a key of the adapter's supported versions; default:
     # the adapter's default). The job refuses to start on a version this key does not cover.
     framework_version: str | None = None
-    # Throughput settings a practitioner would use for a benchmark (README: "Framework options"):
+    # Throughput settings a practitioner would use for a benchmark (docs/frameworks.md, "Framework options"):
     # Megatron: --overlap-grad-reduce, and --overlap-param-gather with the distributed optimizer.
     overlap_communication: bool = True
     tp_comm_overlap: bool = False  # Megatron + Transformer Engine userbuffers (--tp-comm-overlap)
@@ -558,6 +558,8 @@ def _settings_error(error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden" and first["loc"]:
+        message = _unknown_field(str(first["loc"][-1]), ("run", *first["loc"][:-1]))
     return f"{where}: {message}" if where else message
 
 
@@ -603,8 +605,7 @@ def parse_spec(text: str, source: str = "<spec>") -> Spec:
         field = field_path(loc)
         message = first["msg"].removeprefix("Value error, ")
         if first["type"] == "extra_forbidden":
-            message = "unknown field" + _did_you_mean(str(loc[-1])) + \
-                "; check the spelling against the README's spec reference"
+            message = _unknown_field(str(loc[-1]), loc[:-1])
         elif first["type"] == "literal_error":
             message = f"{message} (got {first.get('input')!r})"
         elif first["type"] == "string_pattern_mismatch":
@@ -628,9 +629,41 @@ def _known_field_names() -> set[str]:
     return names
 
 
-def _did_you_mean(key: str) -> str:
-    close = difflib.get_close_matches(key, sorted(_known_field_names()), n=1, cutoff=0.75)
-    return f" {key!r}: did you mean {close[0]!r}?" if close else f" {key!r}"
+def _sections() -> dict[str, type[BaseModel]]:
+    """Each section of a spec, by the path a user writes, and the fields it holds."""
+    return {"": Spec, "global_batch": GlobalBatch, "axes": Axes, "constraints": Constraints,
+            "constraints.allocator": AllocatorConstants, "run": RunSettings,
+            "run.early_stop": EarlyStop, "driver": DriverSettings, "models[i]": InlineModel,
+            "overrides[i]": Override}
+
+
+def _section_of(parent: tuple[Any, ...]) -> str:
+    """The section path of a location's parent (list indices as [i]; an override's `set` is
+    `run`'s settings)."""
+    parts = [str(part) for part in parent if not isinstance(part, int)]
+    if len(parts) >= 2 and parts[:2] == ["overrides", "set"]:
+        return ".".join(["run", *parts[2:]])
+    if parts and isinstance(parent[-1], int):
+        parts[-1] += "[i]"
+    elif len(parent) >= 2 and isinstance(parent[1], int):
+        parts[0] += "[i]"
+    return ".".join(parts)
+
+
+def _unknown_field(key: str, parent: tuple[Any, ...]) -> str:
+    """Why `key` is refused where it stands: a field of another section is said to belong
+    there; a misspelt one gets the nearest spelling."""
+    here = _section_of(parent)
+    homes = [section for section, model in _sections().items()
+             if key in model.model_fields and section != here]
+    if homes:
+        where = " or ".join(f"under `{s}:` ({s}.{key})" if s else "at the top level" for s in homes)
+        return (f"unknown field {key!r} {'at the top level' if not here else f'in {here}'}: "
+                f"it belongs {where}; move it there (docs/spec.md lists every field)")
+    close = difflib.get_close_matches(key, sorted(_known_field_names() - {key}), n=1, cutoff=0.75)
+    suggestion = f": did you mean {close[0]!r}?" if close else ""
+    return (f"unknown field {key!r}{suggestion}; check the spelling against the spec reference "
+            "(docs/spec.md)")
 
 
 __all__ = ["Spec", "SpecError", "load_spec", "parse_spec", "FRAMEWORKS", "PP_SCHEDULES",

@@ -66,7 +66,7 @@ def test_spec_hash_ignores_key_order() -> None:
     (MINIMAL + "overrides:\n  - where: {tp: 2}\n    set: {time_limit: soon}\n", "overrides[0].set", 8,
      "time_limit: use Slurm's format"),
     (MINIMAL + "overrides:\n  - where: {tp: 2}\n    set: {partiton: gpu}\n", "overrides[0].set", 8,
-     "partiton: Extra inputs are not permitted"),
+     "unknown field 'partiton': did you mean 'partition'?"),
 ])
 def test_bad_specs_are_located(text: str, field: str, line: int, fragment: str) -> None:
     error = error_of(text)
@@ -189,6 +189,29 @@ def test_a_misspelt_key_is_named_with_a_suggestion_not_reported_as_a_missing_fie
     assert "did you mean 'global_batch'" in error.message
     nested = error_of(MINIMAL + "run: {stpes: 3}\n")
     assert nested.field == "run.stpes" and "did you mean 'steps'" in nested.message
+
+
+def test_a_key_in_the_wrong_section_is_told_where_it_belongs() -> None:
+    """Not 'did you mean' its own name: the section that holds it."""
+    error = error_of(MINIMAL + "framework_version: main\n")
+    assert error.field == "framework_version"
+    assert error.message == ("unknown field 'framework_version' at the top level: it belongs "
+                             "under `run:` (run.framework_version); move it there (docs/spec.md "
+                             "lists every field)")
+    nested = error_of(MINIMAL + "run: {max_tp: 4}\n")
+    assert nested.field == "run.max_tp"
+    assert "in run: it belongs under `constraints:` (constraints.max_tp)" in nested.message
+    both = error_of(MINIMAL + "partition: cpu\n")
+    assert "under `run:` (run.partition) or under `driver:` (driver.partition)" in both.message
+    deeper = error_of(MINIMAL + "window: 5\n")
+    assert "under `run.early_stop:` (run.early_stop.window)" in deeper.message
+    override = error_of(MINIMAL + "overrides:\n  - where: {nodes: 1}\n    set: {max_tp: 4}\n")
+    assert "it belongs under `constraints:` (constraints.max_tp)" in override.message
+    for message in (error.message, nested.message, override.message):
+        assert "did you mean" not in message and "README" not in message
+    misspelt = error_of(MINIMAL + "run: {framework_versio: main}\n")
+    assert "did you mean 'framework_version'?; check the spelling against the spec reference " \
+           "(docs/spec.md)" in misspelt.message
 
 
 ALLOCATOR = "constraints:\n  allocator: {sequential: 0.2, pipelined: 0.5, logits: 0.25, floor_mib: 512}\n"
