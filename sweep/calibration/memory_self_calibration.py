@@ -43,8 +43,8 @@ fitted on (a first round of 8 to 64 of its attempts, scored on the rest of its r
 largest ratio keeps 2-4 % fewer of that model's successful runs than the geometric mean and
 more than doubles the error of the reserved peaks; the geometric mean bounded by every outcome
 (the rule until this release) kept fewer successful runs, pruned fewer OOMs and erred more
-than the geometric mean alone, from every prior it was given (README, "Calibrating on the
-sweep's own runs").
+than the geometric mean alone, from every prior it was given (docs/validation.md,
+"Self-calibration of the memory model").
 
 The bounds are reported either way (calibration.json), with the conflicting evidence: an OOM
 whose bound is at or above a completed attempt's, so that no k explains both, is settled for the
@@ -69,6 +69,7 @@ from typing import Any, Final
 import numpy as np
 import pandas as pd
 
+from sweep.collect.attempts import unreadable_runs
 from sweep.core.layout import LAYOUT_INT_COLUMNS, LAYOUT_MODE_COLUMNS
 from sweep.core.state import file_sha256
 from sweep.core.units import GiB
@@ -168,8 +169,7 @@ def read_attempts(path: Path) -> pd.DataFrame:
     try:
         table = pd.read_parquet(path)
     except (OSError, ValueError) as error:
-        raise CalibrationError(f"{path}: cannot read it as parquet ({error}); give the "
-                               "runs.parquet that `sweep collect DIR` writes") from None
+        raise CalibrationError(unreadable_runs(path, error)) from None
     missing = [c for c in REQUIRED_COLUMNS if c not in table.columns]
     if missing:
         raise CalibrationError(f"{path}: not a runs.parquet of `sweep collect`: no column(s) "

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration.throughput_fit import without_fit_exclusions
+from sweep.collect.attempts import unreadable_runs
 from sweep.core.errors import UserError
 from sweep.core.layout import CELL, LAYOUT_COLUMNS_BEYOND_PLAYBOOK, PLAYBOOK_LAYOUT_COLUMNS
 from sweep.models.throughput import MEASURED_INTER_NODE, Workload
@@ -76,9 +77,12 @@ def read_runs_frame(path: Path) -> pd.DataFrame:
     """A runs table from parquet or CSV, or a UserError that names the file."""
     if not path.is_file():
         raise UserError(f"{path}: no such file; give runs.parquet or a runs CSV")
-    try:
-        if path.suffix == ".parquet":
+    if path.suffix == ".parquet":
+        try:
             return pd.read_parquet(path)
+        except (OSError, ValueError) as error:
+            raise UserError(unreadable_runs(path, error)) from None
+    try:
         return pd.read_csv(path, comment=None)
     except (OSError, ValueError) as error:
         raise UserError(f"{path}: cannot read it as {path.suffix.lstrip('.') or 'CSV'}: "

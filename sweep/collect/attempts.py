@@ -375,6 +375,16 @@ def _job_hint(attempt_dir: Path) -> str | None:
     return job_id_from_output_link(attempt_dir)
 
 
+def unreadable_runs(path: str | Path, error: object) -> str:
+    """The error of a runs table that cannot be read as parquet, with the fix: `sweep collect`
+    rebuilds a sweep's runs.parquet from its attempt folders (an unreadable one is recomputed)."""
+    path = Path(path)
+    folder = path.parent if path.name == RUNS_FILE else Path("SWEEP_DIR")
+    return (f"{path}: cannot read it as parquet ({error}); if it is a sweep's runs.parquet (cut "
+            f"short by a crash or a copy), `sweep collect {folder} --full` rebuilds it from the "
+            "attempt folders (add --sacct for a Slurm sweep's accounting)")
+
+
 def read_runs(path: str | Path) -> pa.Table | None:
     """A previous runs.parquet to reuse rows from; None when absent, unreadable (a crash while
     writing it), from another schema version, or written before a column was added: then every

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration.memory_self_calibration import fitted_by_flushing
+from sweep.collect.attempts import unreadable_runs
 from sweep.core import catalog
 from sweep.core.layout import (
     CELL,
@@ -142,7 +143,7 @@ def read_memory_runs(path: str | Path, spec: Spec) -> Runs:
         try:
             raw = pd.read_parquet(path)
         except (OSError, ValueError) as error:
-            raise RunsFileError(f"{path}: cannot read it as parquet: {error}") from None
+            raise RunsFileError(unreadable_runs(path, error)) from None
         return normalise(raw, spec, str(path))
     try:
         raw = pd.read_csv(path)
