@@ -1,7 +1,9 @@
-"""The runs.parquet schema, as data: one source for collect, the importers, the checks and the README.
+"""The runs.parquet schema, as data: one source for collect, the importers, the checks and the
+docs (docs/runs-parquet.md).
 
 One row is one attempt of one run. Every column has an Arrow type, a unit and a description; the
-README table is generated from this list (`markdown_table()`), so the documentation cannot drift.
+table of docs/runs-parquet.md is generated from this list (`markdown_table()`), so the
+documentation cannot drift.
 Bump `SCHEMA_VERSION` when a column changes meaning or type; adding a column at the end keeps it.
 """
 
@@ -262,7 +264,7 @@ def check_frame(columns: Iterable[str], path: str = "runs.parquet") -> None:
 
 
 def markdown_table() -> str:
-    """The README's schema table."""
+    """The schema table of docs/runs-parquet.md."""
     lines = ["| column | type | unit | description |", "|---|---|---|---|"]
     group = None
     for column in COLUMNS:

@@ -7,7 +7,8 @@ the planner read them back. With more than one model, each model is also scored 
 others only (held out), so the printed error is not just the fit's own; both go into FILE with
 the table's sha256 and how the fit was made (`provenance`). Given nanotron's results table, the
 pipeline runs it flags as made before nanotron's 1F1B fix (`after_pp_fix = False`; 2-10x slower
-than the same layouts after it) are left out and counted. The figures are in the README.
+than the same layouts after it) are left out and counted. The figures are in docs/validation.md
+("The throughput model").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One parallel layout of a training run, the vocabulary of its axes, and the columns that hold it.
 
-Semantics (documented in the README):
+Semantics (documented in docs/planning.md, "The rules"):
 - world size = dp · tp · pp · cp · ep. Expert parallelism is a dimension of its own: dense and
   attention layers see dp · ep data-parallel replicas, experts are sharded over ep and
   replicated dp times (Megatron's expert-data-parallel size is dp).

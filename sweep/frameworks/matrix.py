@@ -1,5 +1,6 @@
-"""The support matrix and the capability tables, as Markdown: the README's generated section
-and `sweep frameworks` print the adapters themselves, so neither can drift from the code."""
+"""The support matrix and the capability tables, as Markdown: the generated sections of
+README.md and docs/frameworks.md and `sweep frameworks` print the adapters themselves, so neither
+can drift from the code."""
 
 from __future__ import annotations
 

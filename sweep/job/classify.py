@@ -517,7 +517,7 @@ def classify(evidence: Evidence, findings: list[Finding] | None = None) -> Verdi
 
 
 def rule_table() -> list[dict[str, str]]:
-    """RULES as rows (name, outcome, description), in order: for the README and `sweep status --explain`."""
+    """RULES as rows (name, outcome, description), in order: for docs/watchdog.md and `sweep status --explain`."""
     return [{"rule": r.name, "outcome": r.outcome, "description": r.description} for r in RULES]
 
 

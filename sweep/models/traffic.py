@@ -16,7 +16,7 @@ not on the model alone:
   by every operator but the matmuls and attention (`sweep.workload.bytes_moved`) and reads these
   figures off them; `tests/workload/test_memory_traffic.py` checks them, and checks them on a
   shape they were not read from. They are 5-8 times the fused count per token; on the same runs an H100's
-  slower HBM made the built-in's steps 8-23 % longer than an H200's (README, "On a real GPU").
+  slower HBM made the built-in's steps 8-23 % longer than an H200's (docs/workload.md, "Checks on a real GPU").
 
 Pure data; `Workload.traffic` carries one.
 """

@@ -108,7 +108,7 @@ def describe_default_prior(spec: Spec) -> str:
     if beyond:
         text += (f"; it was fitted on models of {_billions(low)}-{_billions(high)} parameters, so "
                  f"{', '.join(beyond)} extrapolate{'s' if len(beyond) == 1 else ''}: expect a "
-                 "larger error there (README, 'Throughput on models no fit saw')")
+                 "larger error there (docs/validation.md, 'Models no fit saw')")
     return text
 
 

@@ -91,7 +91,7 @@ def search_sweep(sweep_dir: Path, plan: pd.DataFrame, strategy: str,
     `plan_coefficients`: what the plan predicted with
     (`sweep.calibration.throughput_coefficients.sweep_coefficients`). The shortlist ranks with them, so that it runs
     what the plan shows as fastest, a candidate a re-plan releases included; the adaptive search
-    starts from the physical prior, which made it launch fewer runs than the fitted one (README)."""
+    starts from the physical prior, which made it launch fewer runs than the fitted one (docs/search.md, "Sweep economy")."""
     candidates = candidates_of(plan) if calibration is None else calibration.candidates
 
     def run_dir(i: int) -> Path:  # read when asked: a re-plan gives new candidates their run id

@@ -21,7 +21,7 @@ for outcomes in rounds and records every candidate it did not run, with the reas
   the model is wrong widens its band. The coefficients themselves are the plan's and are not
   refitted between rounds: the runs of the first rounds are the model's own picks, a few
   families per cell, and a refit of every coefficient on them extrapolates to the families not
-  yet run (closing cells short of a ZeRO-0 layout it never tried: the README's "Sweep economy"
+  yet run (closing cells short of a ZeRO-0 layout it never tried: docs/search.md, "Sweep economy"
   has the replays that showed it). A cell closes when no optimistic throughput beats its best
   measured run by more than ε, once it has measured a floor of min(min_cell_runs,
   min_cell_frac of its candidates, at least 3) completed runs (a launch that failed measured
@@ -358,7 +358,7 @@ def _adaptive(state: _State, model: Predictor) -> Search:
             measured = ok.tokens_per_s_per_gpu[(state.cells[ok.index] == cell).to_numpy()]
             # The floor counts measurements, not launches: the rescaling and the band stand on
             # measured runs, and a launch that ran out of memory at its first step measured
-            # nothing (README, "Sweep economy": the charts table's cell this closed short).
+            # nothing (docs/search.md, "Sweep economy": the charts table's cell this closed short).
             needed = min(p.min_cell_runs, max(3, int(np.ceil(p.min_cell_frac * sizes[cell]))))
             band_closes = bool(len(measured)) and bool(
                 optimistic[ids].max() <= measured.max() * (1 + p.epsilon))

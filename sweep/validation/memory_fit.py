@@ -10,7 +10,7 @@ tests/validation/test_memory_fit.py reruns it and compares.
 Objective (`OBJECTIVE`), set before looking at any held-out figure. The constants serve two ends:
 the planner's verdict (a run that ran must not be pruned, one that ran out of memory should be) and
 the reserved-peak prediction. The verdict comes first, so it is a constraint: the planner's gates
-of the README (keep >= 99 % of the successful runs, prune >= 90 % of the OOM runs, where the table
+(docs/planning.md, "The constants are fitted, not chosen": keep >= 99 % of the successful runs, prune >= 90 % of the OOM runs, where the table
 tells OOMs apart) and every published llm-foundry configuration predicted to fit (it ran). Among
 the grid points that meet them, the fit takes the smallest *mean* absolute relative error of the
 reserved peak predicted for rank 0 (the first pipeline stage, the rank that was measured) over the

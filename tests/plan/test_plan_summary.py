@@ -98,8 +98,8 @@ def test_the_explanation_says_why_a_rank_holds_whole_gradients_under_zero() -> N
 
 
 def test_a_plan_that_keeps_nothing_points_to_the_rule_table_in_the_docs() -> None:
-    """A rule without a hint of its own names the docs page with the rule table (not "try see
-    the README's rule table")."""
+    """A rule without a hint of its own names the docs page with the rule table (it used to say
+    "try see" a table of the README, which moved to docs/planning.md)."""
     from pathlib import Path
 
     from sweep.plan.plan_summary import RULE_HINTS, nothing_kept

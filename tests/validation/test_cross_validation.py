@@ -44,7 +44,7 @@ def small(refdata):
 def test_completed_rows_leave_out_nanotrons_pre_fix_pipeline_runs(refdata) -> None:
     table = pd.read_csv(refdata / "playbook_bench_full_1B_8B.csv")
     rows = completed_rows(table, "full.csv", WORKLOADS, NAMES)
-    assert sum(len(r) for r in rows.values()) == 751  # the README's calibration figure
+    assert sum(len(r) for r in rows.values()) == 751  # docs/validation.md's figure ("Fitted on nanotron's runs")
     sick = sick_node_runs(table)  # 12 completed runs measured a slow NVLink, 2 of them stale
     fresh = ~((table.pp > 1) & ~table.after_pp_fix.astype(bool))
     assert sick.sum() == 12 and (sick & fresh & (table.status == "Success")).sum() == 10

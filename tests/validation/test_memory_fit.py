@@ -2,8 +2,8 @@
 leave-one-model-out measures the memory model on the model it was not fitted on.
 
 The reference files are read from $SWEEP_REFDATA (conftest's `refdata` fixture): without them the
-tests that need them skip. The figures asserted are the ones measured (see the README's fidelity
-table); the issue's targets, which leave-one-model-out does not meet yet, are a strict xfail.
+tests that need them skip. The figures asserted are the ones measured (see docs/validation.md,
+"The memory model"); the issue's targets, which leave-one-model-out does not meet yet, are a strict xfail.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def test_each_model_is_scored_by_constants_fitted_without_it(cv: memory_fit.Cros
 
 
 def test_cross_validated_figures_as_measured(cv: memory_fit.CrossValidation) -> None:
-    """What leave-one-model-out measures on the playbook table (README fidelity table): a guard
+    """What leave-one-model-out measures on the playbook table (docs/validation.md, "The memory model"): a guard
     against regressions, not a target (see the xfail below)."""
     held = cv.cross_validated
     assert held.success_kept_frac is not None and held.success_kept_frac >= 0.986
