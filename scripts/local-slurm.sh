@@ -36,7 +36,7 @@ log() { printf 'local-slurm: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 require_root() {
-  [[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages and starts slurmd); try: sudo $0 $*"
+  [[ $(id -u) -eq 0 ]] || die "must run as root (it installs packages and starts slurmd); run it as root: bash $0 $*"
 }
 
 install_packages() {

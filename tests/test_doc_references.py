@@ -47,3 +47,23 @@ def test_the_docs_sections_the_code_cites_exist() -> None:
                     if line.startswith("#")}
         missing = [s for s in sections if s not in headings]
         assert not missing, f"{page} has no section {missing}"
+
+
+# tests/conftest.py's Slurm message still says sudo: its owner is editing the file (issue 37,
+# item 8); remove it from here once it says "as root".
+SUDO_PENDING = {"tests/conftest.py"}
+
+
+def test_the_docs_and_messages_say_as_root_not_sudo() -> None:
+    """The test machine has no sudo: its commands run as root, so the docs say "as root"."""
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    for folder in ("sweep", "scripts", "examples", "benchmarks", "templates"):
+        paths += sorted(p for p in (ROOT / folder).rglob("*") if p.is_file()
+                        and p.suffix in {".py", ".sh", ".yaml", ".j2", ".md"})
+    paths += sorted((ROOT / "tests").glob("*.py"))
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in paths if path.relative_to(ROOT).as_posix() not in SUDO_PENDING
+             and path != Path(__file__)
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bsudo\b", line)]
+    assert not found, "say 'as root' instead:\n" + "\n".join(found)
