@@ -67,10 +67,8 @@ def describe(record: NodeRecord) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from sweep.backends.slurm.tracker import Tracker
+    from sweep.commands._output import output_console, titled_table
 
     forgive, exclude = node_names("--forgive", args.forgive), node_names("--exclude", args.exclude)
     both = sorted(set(forgive) & set(exclude))
@@ -93,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
     if not records:
         print(f"{tracker.dir.name}: no node has failed, none is excluded")
         return 0
-    table = Table(title=f"{tracker.dir.name}: nodes that failed or are excluded")
+    table = titled_table(f"{tracker.dir.name}: nodes that failed or are excluded")
     for column in ("node", "failures", "counting", "later submissions"):
         table.add_column(column, justify="right" if column in ("failures", "counting") else "left")
     for record in records:
         table.add_row(record.node, str(record.failures), str(record.counted), describe(record))
-    Console().print(table)
+    output_console().print(table)
     return 0

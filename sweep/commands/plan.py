@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from sweep.calibration import memory_self_calibration
 from sweep.calibration.plan_calibration import calibrate_plan
 from sweep.calibration.throughput_coefficients import COEFFICIENTS_FILE
+from sweep.commands._output import output_console, titled_table
 from sweep.core.errors import UserError
 from sweep.core.state import atomic_write_text
 from sweep.plan import space
@@ -69,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
         frame = space.plan(spec)
     except space.PlanError as error:
         raise UserError(f"{args.spec}: {error}") from None
-    console = Console()
-    if not console.is_terminal:  # a pipe or a log file: do not squeeze the table into 80 columns
-        console = Console(width=max(console.width, 160))
+    console = output_console(160)  # a pipe or a log file: not squeezed into 80 columns
     if args.explain is not None:
         console.print(explain(spec, frame, args.explain), highlight=False)
         return 0
@@ -107,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _drawn(table: TextTable) -> Table:
     """A plan summary as a rich table: names and labels left-aligned, numbers right-aligned."""
-    drawn = Table(title=table.title)
+    drawn = titled_table(table.title)
     for name in table.columns:
         drawn.add_column(name, justify="left" if name in table.text_columns else "right",
                          no_wrap=True)

@@ -80,9 +80,9 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float,
            skipped: frozenset[str] = frozenset()) -> Iterable[object]:
     """rich renderables for one poll; `skipped`: the runs a search chose not to run, shown apart
     from the runs still to submit."""
-    from rich.table import Table
 
     from sweep.backends.slurm.submission import counts_by
+    from sweep.commands._output import titled_table
 
     states = observation.states
 
@@ -90,14 +90,14 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float,
         return SKIPPED if state.state == "unsubmitted" and state.run_id in skipped else state.state
 
     counts = counts_by(states, shown)
-    summary = Table(title=f"{sweep_dir.name}: {len(states)} run(s)")
+    summary = titled_table(f"{sweep_dir.name}: {len(states)} run(s)")
     summary.add_column("state")
     summary.add_column("runs", justify="right")
     for state in sorted(counts, key=lambda s: ORDER.index(s) if s in ORDER else len(ORDER)):
         summary.add_row(state, str(counts[state]))
     yield summary
 
-    by_cell = Table(title="by model and nodes")
+    by_cell = titled_table("by model and nodes")
     columns = ("completed", "failed", "in flight", "unsubmitted",
                *(("skipped",) if skipped else ()))
     for column in ("model", "nodes", "runs", *columns):
@@ -118,7 +118,7 @@ def render(observation: Observation, sweep_dir: Path, elapsed_s: float,
 
     failed = [s for s in states if s.state in FAILED]
     if failed:
-        table = Table(title=f"failed runs ({len(failed)}; first 20)")
+        table = titled_table(f"failed runs ({len(failed)}; first 20)")
         for column in ("run", "outcome", "reason", "task", "attempt", "nodes"):
             table.add_column(column)
         for state in failed[:20]:
@@ -211,12 +211,11 @@ def resolve(target: Path, out: Path | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from sweep.backends.slurm.client import SlurmError
     from sweep.backends.slurm.submit_record import describe_submit
     from sweep.backends.slurm.sweep_folder import skipped_by_search
     from sweep.backends.slurm.tracker import Tracker
+    from sweep.commands._output import output_console
     from sweep.search.driver import observe_driver, read_progress
 
     folder = resolve(args.sweep_dir, args.out)
@@ -228,9 +227,7 @@ def run(args: argparse.Namespace) -> int:
               f"`sweep submit {args.sweep_dir}` plans, renders and submits it")
         return 0
     tracker = Tracker(folder)
-    console = Console()
-    if not console.is_terminal:  # a pipe or a log file: do not squeeze the tables into 80 columns
-        console = Console(width=max(console.width, 140))
+    console = output_console(140)  # a pipe or a log file: not squeezed into 80 columns
     while True:
         started = time.perf_counter()
         try:
