@@ -22,8 +22,13 @@ reports as "Mem Alloc": its `log_memory` resets the peak counters right after th
 
 The most loaded rank is the first or the last pipeline stage (embedding and most in-flight
 micro-batches, or the LM head and the logits); `stage=` picks one to compare with a measurement.
-One vectorised function computes every number; `estimate` calls it with one row, so the scalar and
-the column paths agree exactly. Pure: no I/O; imports numpy, sweep.core.model/layout and the profiles.
+
+Each term above is a small pure function, named for it, of `_Config` (the rows' layouts,
+`_Layouts`, and what every row shares: model, profile, dtype, sequence length) and of what one
+rank of a stage holds (`_StageParameters`, `_StageActivations`); `_stage_memory` adds them up for
+one rank of a stage. One vectorised function, `_compute`, does so for the first and the last
+stage of every row; `estimate` calls it with one row, so the scalar and the column paths agree
+exactly. Pure: no I/O; imports numpy, sweep.core.model/layout and the profiles.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Final
 
 import numpy as np
@@ -191,17 +197,7 @@ def _is(column: np.ndarray, value: str) -> np.ndarray:
     return np.asarray(column == value, dtype=bool)
 
 
-# ---------------------------------------------------------------- the model
-
-def fsdp_reduction_deferred(prof: MemoryProfile, zero_stage: ArrayLike, pp: ArrayLike,
-                            grad_acc: ArrayLike) -> np.ndarray:
-    """Where FSDP's reduce-scatter waits for the step's last micro-batch, so that a rank holds
-    whole gradients until then, not its 1/(dp·cp) shard of them
-    (`MemoryProfile.pipeline_defers_fsdp_reduction`, `grad_acc_defers_fsdp_reduction`)."""
-    zero, stages, micro = (np.asarray(x, dtype=np.float64) for x in (zero_stage, pp, grad_acc))
-    return (zero >= 2) & (((stages > 1) & prof.pipeline_defers_fsdp_reduction)
-                          | ((micro > 1) & prof.grad_acc_defers_fsdp_reduction))
-
+# ---------------------------------------------------------------- the rows
 
 def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
@@ -229,204 +225,530 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return masks
 
 
+@dataclass(frozen=True, eq=False)
+class _Layouts:
+    """The rows' layouts: each count as float64 (`LAYOUT_INT_COLUMNS`), sp as booleans, and one
+    boolean mask per recompute mode and pipeline schedule (`_check_columns`)."""
+
+    dp: np.ndarray
+    tp: np.ndarray
+    pp: np.ndarray
+    cp: np.ndarray
+    ep: np.ndarray
+    mbs: np.ndarray
+    grad_acc: np.ndarray
+    zero_stage: np.ndarray
+    vpp: np.ndarray
+    sp: np.ndarray
+    modes: Mapping[str, np.ndarray]
+
+    @classmethod
+    def of(cls, columns: Mapping[str, np.ndarray], modes: Mapping[str, np.ndarray]) -> _Layouts:
+        counts = {k: np.asarray(columns[k], dtype=np.float64) for k in LAYOUT_INT_COLUMNS}
+        return cls(**counts, sp=np.asarray(columns["sp"], dtype=bool), modes=modes)
+
+    @cached_property
+    def single_stage(self) -> np.ndarray:
+        return self.pp == 1
+
+
+@dataclass(frozen=True, eq=False)
+class _Config:
+    """One training configuration per row: what every row shares, and the rows' layouts."""
+
+    model: ModelShape
+    prof: MemoryProfile
+    seq_len: int
+    activation_bytes: float  # per activation element, the dtype's (`_ACT_BYTES`)
+    full_precision: bool  # fp32/tf32: the weights are the master copy, autocast casts nothing
+    layouts: _Layouts
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """Tokens of one micro-batch on one rank: CP splits the sequence."""
+        return self.layouts.mbs * self.seq_len / self.layouts.cp
+
+    @cached_property
+    def sequence_shards(self) -> np.ndarray:
+        """How many ways the norm and linear inputs are sharded: SP shards them over TP."""
+        return np.where(self.layouts.sp, self.layouts.tp, 1.0)
+
+    @property
+    def residual_bytes(self) -> float:
+        """Bytes per element of the residual stream: what the norms save, the layer input."""
+        return max(self.prof.residual_bytes, self.activation_bytes)
+
+    def in_weight_dtype(self, nbytes: float) -> float:
+        """Bytes per parameter of a buffer kept in the weights' dtype: fp32 in fp32 runs."""
+        return max(nbytes, 4.0) if self.full_precision and nbytes else nbytes
+
+
+def _config(model: ModelShape, columns: Mapping[str, np.ndarray], modes: Mapping[str, np.ndarray],
+            seq_len: int, dtype: str, prof: MemoryProfile) -> _Config:
+    if dtype not in _ACT_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    return _Config(model, prof, seq_len, float(_ACT_BYTES[dtype]), dtype in ("fp32", "tf32"),
+                   _Layouts.of(columns, modes))
+
+
+# ---------------------------------------------------------------- parameters
+
+@dataclass(frozen=True)
+class _LayerParameters:
+    """Parameters of one decoder layer: the dense ones (attention, norms, a dense MLP) and the
+    experts' (all of them)."""
+
+    dense: float
+    expert: float
+
+
+def _layer_parameters(model: ModelShape) -> _LayerParameters:
+    expert = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
+    dense = float(count_parameters(model).per_layer) - expert
+    if mlp_kind(model) == "gelu":  # two matrices, not SwiGLU's three
+        dense -= float(model.hidden_size * model.ffn_hidden_size)
+    return _LayerParameters(dense, expert)
+
+
+def _layer_parameters_per_rank(cfg: _Config, layer: _LayerParameters) -> np.ndarray:
+    """One layer's parameters on one rank: dense ones sharded over TP, experts over TP·EP."""
+    return (layer.dense + layer.expert / cfg.layouts.ep) / cfg.layouts.tp
+
+
+def _vocabulary_matrix(cfg: _Config) -> np.ndarray:
+    """The embedding's or the LM head's parameters on one rank (TP shards the vocabulary)."""
+    return float(cfg.model.vocab_size) * float(cfg.model.hidden_size) / cfg.layouts.tp
+
+
+@dataclass(frozen=True, eq=False)
+class _StageParameters:
+    """The parameters one rank of a pipeline stage holds: dense ones sharded over TP, experts
+    over TP·EP; `head`: the LM head's among them, which a recomputing stage casts beside the
+    one layer it recomputes."""
+
+    dense: np.ndarray
+    expert: np.ndarray
+    head: np.ndarray
+
+
+def _first_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParameters
+                            ) -> _StageParameters:
+    """The embedding and the first stage's layers; with one stage, the final norm and the LM
+    head too (a matrix of its own unless tied to the embedding)."""
+    lay, model = cfg.layouts, cfg.model
+    embedding = _vocabulary_matrix(cfg)
+    head = float(model.hidden_size) + (0.0 if model.tie_word_embeddings else 1.0) * embedding
+    dense = layers * layer.dense / lay.tp + embedding + np.where(lay.single_stage, head, 0.0)
+    return _StageParameters(dense, layers * layer.expert / (lay.tp * lay.ep),
+                            np.where(lay.single_stage, embedding, 0.0))
+
+
+def _last_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParameters
+                           ) -> _StageParameters:
+    """The last stage's layers, the final norm and the LM head."""
+    lay = cfg.layouts
+    head = _vocabulary_matrix(cfg)
+    dense = layers * layer.dense / lay.tp + head + float(cfg.model.hidden_size)
+    return _StageParameters(dense, layers * layer.expert / (lay.tp * lay.ep), head)
+
+
+# ---------------------------------------------------------------- persistent state
+
+@dataclass(frozen=True, eq=False)
+class _StateBytes:
+    """Bytes per parameter of the persistent state, before ZeRO shards it."""
+
+    weights: float
+    gradients: float  # param.grad plus the framework's fp32 accumulation buffer
+    ddp_bucket: np.ndarray  # DDP's own buckets: only with replicas and ZeRO <= 1
+    optimizer: float  # the fp32 master copy (unless the weights are one) and Adam's moments
+
+
+def _state_bytes(cfg: _Config) -> _StateBytes:
+    prof, lay = cfg.prof, cfg.layouts
+    replicas = lay.dp * lay.ep * lay.cp
+    return _StateBytes(
+        weights=cfg.in_weight_dtype(prof.weight_bytes),
+        gradients=cfg.in_weight_dtype(prof.grad_bytes) + prof.fp32_grad_bytes,
+        ddp_bucket=np.where((replicas > 1) & (lay.zero_stage <= 1),
+                            cfg.in_weight_dtype(prof.ddp_bucket_bytes), 0.0),
+        optimizer=(0.0 if cfg.full_precision else prof.master_bytes) + prof.optimizer_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class _Shards:
+    """How many ways ZeRO shards a rank's state: dense parameters over dp·ep, experts over dp,
+    each times cp where the framework shards over CP too."""
+
+    dense: np.ndarray
+    expert: np.ndarray
+
+
+def _zero_shards(cfg: _Config) -> _Shards:
+    lay = cfg.layouts
+    cp = lay.cp if cfg.prof.zero_shards_over_cp else 1.0
+    return _Shards(lay.dp * lay.ep * cp, lay.dp * cp)
+
+
+def _sharded(cfg: _Config, bytes_per_parameter: float, from_stage: int,
+             params: _StageParameters, shards: _Shards) -> np.ndarray:
+    """Bytes of a state of `bytes_per_parameter`, which ZeRO shards from stage `from_stage` on."""
+    on = cfg.layouts.zero_stage >= from_stage
+    return bytes_per_parameter * (params.dense / np.where(on, shards.dense, 1.0)
+                                  + params.expert / np.where(on, shards.expert, 1.0))
+
+
+def fsdp_reduction_deferred(prof: MemoryProfile, zero_stage: ArrayLike, pp: ArrayLike,
+                            grad_acc: ArrayLike) -> np.ndarray:
+    """Where FSDP's reduce-scatter waits for the step's last micro-batch, so that a rank holds
+    whole gradients until then, not its 1/(dp·cp) shard of them
+    (`MemoryProfile.pipeline_defers_fsdp_reduction`, `grad_acc_defers_fsdp_reduction`)."""
+    zero, stages, micro = (np.asarray(x, dtype=np.float64) for x in (zero_stage, pp, grad_acc))
+    return (zero >= 2) & (((stages > 1) & prof.pipeline_defers_fsdp_reduction)
+                          | ((micro > 1) & prof.grad_acc_defers_fsdp_reduction))
+
+
+@dataclass(frozen=True, eq=False)
+class _Gradients:
+    """A rank's gradients: those alive at the activation peak, and those the backward makes
+    after it, which exist only in the optimizer step's window."""
+
+    at_peak: np.ndarray
+    made_later: np.ndarray
+
+
+def _gradients(cfg: _Config, params: _StageParameters, nbytes: _StateBytes, shards: _Shards
+               ) -> _Gradients:
+    """ZeRO-2 and up shard them; FSDP whose reduce-scatter waits for the step's last
+    micro-batch holds whole ones until then (whose shards it makes after the peak), and a
+    profile that frees them each step makes them after the peak of a single micro-batch."""
+    prof, lay = cfg.prof, cfg.layouts
+    later = np.where(prof.grads_freed_each_step & (lay.grad_acc == 1), 1.0, 0.0)
+    deferred = fsdp_reduction_deferred(prof, lay.zero_stage, lay.pp, lay.grad_acc)
+    sharded = _sharded(cfg, nbytes.gradients, 2, params, shards)
+    whole = prof.fsdp_accumulated_grad_bytes * (params.dense + params.expert)
+    at_peak = np.where(deferred, whole, sharded * (1.0 - later)
+                       + nbytes.ddp_bucket * (params.dense + params.expert))
+    return _Gradients(at_peak, np.where(deferred, sharded - whole, sharded * later))
+
+
+def _optimizer_step_needs(cfg: _Config, params: _StageParameters, shards: _Shards,
+                          gradients: _Gradients) -> np.ndarray:
+    """What the optimizer step needs beyond the activation peak's state: the gradients made after
+    it (deferred: the sharded ones, the whole ones freed by then), the ZeRO-1 all-gather of the
+    updated parameters and the optimizer's own temporaries."""
+    prof, lay = cfg.prof, cfg.layouts
+    gather = np.where((lay.zero_stage >= 1) & (shards.dense > 1), prof.zero1_gather_bytes
+                      * (params.dense + params.expert) * (1.0 + 1.0 / shards.dense), 0.0)
+    temporaries = _sharded(cfg, prof.optimizer_step_temp_bytes, 1, params, shards)
+    return gather + gradients.made_later + temporaries
+
+
+@dataclass(frozen=True, eq=False)
+class _ModelState:
+    """A rank's weights, gradients and optimizer states at the activation peak, and what the
+    optimizer step needs beyond them."""
+
+    weights: np.ndarray
+    gradients: np.ndarray
+    optimizer: np.ndarray
+    step_needs: np.ndarray
+
+
+def _model_state(cfg: _Config, params: _StageParameters) -> _ModelState:
+    nbytes, shards = _state_bytes(cfg), _zero_shards(cfg)
+    gradients = _gradients(cfg, params, nbytes, shards)
+    return _ModelState(
+        weights=_sharded(cfg, nbytes.weights, cfg.prof.weights_shard_from_zero, params, shards),
+        gradients=gradients.at_peak, optimizer=_sharded(cfg, nbytes.optimizer, 1, params, shards),
+        step_needs=_optimizer_step_needs(cfg, params, shards, gradients))
+
+
+# ---------------------------------------------------------------- activations
+
 def _one_layer_at_a_time(masks: Mapping[str, np.ndarray], prof: MemoryProfile) -> np.ndarray:
     """Rows whose layers are recomputed in backward, one layer at a time: full recomputation, and
     selective where the profile's selective policy recomputes more than the attention scores."""
     return masks["full"] | (masks["selective"] & bool(prof.selective_saves))
 
 
-def _activations(model: ModelShape, prof: MemoryProfile, masks: Mapping[str, np.ndarray],
-                 f64: Mapping[str, np.ndarray], sp: np.ndarray, single: np.ndarray, n_first: np.ndarray,
-                 n_last: np.ndarray, seq_len: int, a: float, gelu: bool, autocast: bool,
-                 one_at_a_time: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Activation and logits bytes on one rank of the first and of the last stage, the
-    micro-batches each holds in flight, and the one layer's activations that a recomputing
-    backward holds beside them. `one_at_a_time`: the rows whose layers are recomputed in backward
-    (`_one_layer_at_a_time`)."""
-    tp, pp, cp, mbs, ga, vpp = (f64[k] for k in ("tp", "pp", "cp", "mbs", "grad_acc", "vpp"))
+def _attention_scores_per_token(cfg: _Config) -> float | np.ndarray:
+    """Without flash attention the core attention saves its softmax and the dropout's output, two
+    s x s tensors per head (Korthikanti et al. 2022, Sec. 4.1), unless it is recomputed; a
+    recomputing backward holds them for the one layer (or core attention) it recomputes."""
+    if cfg.prof.flash_attention:
+        return 0.0
+    lay = cfg.layouts
+    return cfg.activation_bytes * 2 * cfg.model.num_attention_heads * (cfg.seq_len / lay.cp) / lay.tp
+
+
+def _mlp_width(model: ModelShape) -> tuple[float, float]:
+    """(experts per token, FFN width of each): a dense MLP is one expert."""
+    if model.is_moe:
+        return float(model.experts_per_token), float(model.moe_ffn_hidden_size)
+    return 1.0, float(model.ffn_hidden_size)
+
+
+def _saved_per_token(cfg: _Config) -> np.ndarray:
+    """Bytes a layer saves for backward per token when nothing is recomputed: 2 norms, the
+    linears' normed inputs (h each), q, k, v, the attention output, the MLP, and (no flash
+    attention) the s x s scores."""
+    prof, model, lay, a = cfg.prof, cfg.model, cfg.layouts, cfg.activation_bytes
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
-    tokens = mbs * seq_len / cp  # of one micro-batch on one rank: CP splits the sequence
-    sp_div = np.where(sp, tp, 1.0)  # SP shards the norm and linear inputs too
-    k = float(model.experts_per_token) if model.is_moe else 1.0
-    ffn = float(model.moe_ffn_hidden_size if model.is_moe else model.ffn_hidden_size)
-    ffn_saved = 2.0 if gelu else 4.0  # GELU: fc1 output, fc2 input; SwiGLU: gate, up, silu, product
-    r = max(prof.residual_bytes, a)  # the residual stream: what the norms save, the layer input
-    norm = (2.0 if prof.norm_saves_output else 1.0) * r  # per norm
+    experts, ffn = _mlp_width(model)
+    ffn_saved = 2.0 if mlp_kind(model) == "gelu" else 4.0  # GELU: fc1 out, fc2 in; SwiGLU: gate, up, silu, product
+    norm = (2.0 if prof.norm_saves_output else 1.0) * cfg.residual_bytes  # per norm
     # a profile whose linears read their input through autocast's casts (one per linear) saves
     # one per norm without it: the linears after a norm share its output
-    copies = 2 if prof.autocast_weight_bytes and not autocast else prof.linear_input_copies
+    copies = 2 if prof.autocast_weight_bytes and cfg.full_precision else prof.linear_input_copies
     kv_saved = q if prof.kv_saved_at_query_width else kv
-    # per token and layer: 2 norms, the linears' normed inputs (h each), q, k, v, attention output,
-    # FFN
-    per_token_layer = ((2 * norm + copies * a) * h / sp_div
-                       + a * (2 * q + 2 * kv_saved + ffn_saved * k * ffn) / tp
-                       + (a * 2 * h * k / sp_div if model.is_moe else 0.0))  # MoE: permuted tokens
-    # Without flash attention the core attention saves its softmax and the dropout's output, two
-    # s x s tensors per head (Korthikanti et al. 2022, Sec. 4.1), unless it is recomputed; a
-    # recomputing backward holds them for the one layer (or core attention) it recomputes.
-    scores = 0.0 if prof.flash_attention else a * 2 * model.num_attention_heads * (seq_len / cp) / tp
-    per_token_layer = per_token_layer + np.where(masks["none"], scores, 0.0)
-    # full: keeps each layer's input and recomputes one layer at a time in backward; selective
-    # with the profile's `selective_saves` also keeps those linears' outputs and the attention
-    # output (wo and w2 end in a reduction: hidden-wide)
-    output_width = {"wq": q / tp, "wk": kv / tp, "wv": kv / tp, "wo": h / sp_div,
-                    "w1": k * ffn / tp, "w3": k * ffn / tp, "w2": h / sp_div}
-    kept = r * h / sp_div + a * (q / tp + sum(output_width[name] for name in prof.selective_saves))
-    stored = np.where(masks["full"], r * h / sp_div, np.where(one_at_a_time, kept, per_token_layer))
-    stored_per_layer = stored * tokens
-    working_layer = (np.where(one_at_a_time, per_token_layer * tokens, 0.0)
-                     + np.where(masks["none"], 0.0, scores * tokens))
-    head_inputs = (r + a) * h / sp_div * tokens  # final norm + LM head inputs, one micro-batch
+    per_token = ((2 * norm + copies * a) * h / cfg.sequence_shards
+                 + a * (2 * q + 2 * kv_saved + ffn_saved * experts * ffn) / lay.tp
+                 + (a * 2 * h * experts / cfg.sequence_shards if model.is_moe else 0.0))  # MoE: permuted tokens
+    return per_token + np.where(lay.modes["none"], _attention_scores_per_token(cfg), 0.0)
 
-    # micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the last;
-    # GPipe holds all; interleaved 1F1B follows Megatron: pp * (1 + (pp-1)/(pp*vpp)) on the first
-    interleaved = masks["interleaved_1f1b"] & (vpp > 1)
-    gpipe = masks["gpipe"]
-    first_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, pp + (pp - 1) / vpp),
-                                            np.minimum(ga, pp)))
-    first_mb = np.where(single, 1.0, first_mb)
-    last_mb = np.where(gpipe, ga, np.where(interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
-    last_mb = np.maximum(last_mb, 1.0)
-    act_first = stored_per_layer * n_first * first_mb + working_layer + np.where(single, head_inputs, 0.0)
-    act_last = stored_per_layer * n_last * last_mb + working_layer + head_inputs
-    logits = tokens * model.vocab_size / tp * prof.logits_bytes_per_element
-    return act_first, act_last, np.where(single, logits, 0.0), logits, first_mb, last_mb, working_layer
+
+def _layer_input_per_token(cfg: _Config) -> np.ndarray:
+    """What full recomputation keeps of a layer per token: its input, the residual stream."""
+    return cfg.residual_bytes * float(cfg.model.hidden_size) / cfg.sequence_shards
+
+
+def _kept_per_token(cfg: _Config) -> np.ndarray:
+    """What a layer recomputed one at a time keeps per token: its input, and under the profile's
+    selective policy the outputs of its `selective_saves` linears and the attention output (wo
+    and w2 end in a reduction: hidden-wide)."""
+    model, lay = cfg.model, cfg.layouts
+    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
+    experts, ffn = _mlp_width(model)
+    output_width = {"wq": q / lay.tp, "wk": kv / lay.tp, "wv": kv / lay.tp,
+                    "wo": h / cfg.sequence_shards, "w1": experts * ffn / lay.tp,
+                    "w3": experts * ffn / lay.tp, "w2": h / cfg.sequence_shards}
+    return _layer_input_per_token(cfg) + cfg.activation_bytes * (
+        q / lay.tp + sum(output_width[name] for name in cfg.prof.selective_saves))
+
+
+@dataclass(frozen=True, eq=False)
+class _LayerActivations:
+    """Activation bytes of one micro-batch on one rank."""
+
+    stored: np.ndarray  # what each layer keeps until its backward, by recomputation mode
+    working: np.ndarray  # what a recomputing backward holds beside them: the one layer's
+    head_inputs: np.ndarray  # the final norm's and the LM head's inputs
+
+
+def _layer_activations(cfg: _Config) -> _LayerActivations:
+    modes, tokens = cfg.layouts.modes, cfg.tokens
+    saved = _saved_per_token(cfg)
+    one_at_a_time = _one_layer_at_a_time(modes, cfg.prof)
+    stored = np.where(modes["full"], _layer_input_per_token(cfg),
+                      np.where(one_at_a_time, _kept_per_token(cfg), saved))
+    working = (np.where(one_at_a_time, saved * tokens, 0.0)
+               + np.where(modes["none"], 0.0, _attention_scores_per_token(cfg) * tokens))
+    head_inputs = ((cfg.residual_bytes + cfg.activation_bytes) * float(cfg.model.hidden_size)
+                   / cfg.sequence_shards * tokens)
+    return _LayerActivations(stored * tokens, working, head_inputs)
+
+
+# Micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the
+# last; GPipe holds all; interleaved 1F1B follows Megatron: pp * (1 + (pp-1)/(pp*vpp)) on the
+# first.
+
+def _first_stage_in_flight(lay: _Layouts) -> np.ndarray:
+    interleaved = lay.modes["interleaved_1f1b"] & (lay.vpp > 1)
+    ga, pp, vpp = lay.grad_acc, lay.pp, lay.vpp
+    in_flight = np.where(lay.modes["gpipe"], ga, np.where(
+        interleaved, np.minimum(ga, pp + (pp - 1) / vpp), np.minimum(ga, pp)))
+    return np.where(lay.single_stage, 1.0, in_flight)
+
+
+def _last_stage_in_flight(lay: _Layouts) -> np.ndarray:
+    interleaved = lay.modes["interleaved_1f1b"] & (lay.vpp > 1)
+    ga, pp, vpp = lay.grad_acc, lay.pp, lay.vpp
+    in_flight = np.where(lay.modes["gpipe"], ga, np.where(
+        interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
+    return np.maximum(in_flight, 1.0)
+
+
+def _logits(cfg: _Config) -> np.ndarray:
+    """The logits and the loss's tensors over them, at the backward's peak."""
+    return (cfg.tokens * cfg.model.vocab_size / cfg.layouts.tp
+            * cfg.prof.logits_bytes_per_element)
+
+
+def _logits_at_forward_end(cfg: _Config) -> np.ndarray:
+    """What the loss holds at the end of a single stage's forward (beside every weight cast:
+    `_autocast_casts`)."""
+    lay = cfg.layouts
+    return np.where(lay.single_stage, cfg.tokens * float(cfg.model.vocab_size) / lay.tp
+                    * cfg.prof.logits_forward_bytes_per_element, 0.0)
+
+
+@dataclass(frozen=True, eq=False)
+class _StageActivations:
+    """What one rank of a pipeline stage holds for its micro-batches in flight."""
+
+    activations: np.ndarray
+    logits: np.ndarray
+    in_flight: np.ndarray  # micro-batches
+
+
+def _first_stage_activations(cfg: _Config, layers: np.ndarray, layer: _LayerActivations
+                             ) -> _StageActivations:
+    """The first stage's layers for its micro-batches in flight; with one stage, the head's
+    inputs and the logits too."""
+    single = cfg.layouts.single_stage
+    in_flight = _first_stage_in_flight(cfg.layouts)
+    activations = (layer.stored * layers * in_flight + layer.working
+                   + np.where(single, layer.head_inputs, 0.0))
+    return _StageActivations(activations, np.where(single, _logits(cfg), 0.0), in_flight)
+
+
+def _last_stage_activations(cfg: _Config, layers: np.ndarray, layer: _LayerActivations
+                            ) -> _StageActivations:
+    in_flight = _last_stage_in_flight(cfg.layouts)
+    activations = layer.stored * layers * in_flight + layer.working + layer.head_inputs
+    return _StageActivations(activations, _logits(cfg), in_flight)
+
+
+# ---------------------------------------------------------------- buffers, allocator, runtime
+
+def _fixed_buffers(cfg: _Config) -> np.ndarray:
+    """Workspaces, and the sequence-parallel gather buffers where TP is on."""
+    prof, lay = cfg.prof, cfg.layouts
+    return prof.workspace_bytes + np.where(lay.tp > 1, prof.tp_buffer_bytes_per_token_h
+                                           * cfg.tokens * float(cfg.model.hidden_size), 0.0)
+
+
+def _fsdp_gathered(cfg: _Config, params: _StageParameters, acts: _StageActivations,
+                   layer_params: np.ndarray) -> float | np.ndarray:
+    """FSDP's gathered compute copies: ZeRO-2 keeps every layer's from forward to backward,
+    ZeRO-3 a few layers at a time; under a schedule ZeRO-3's backward leaves every layer
+    gathered beside all but one micro-batch's activations (the later of two peaks)."""
+    prof, lay = cfg.prof, cfg.layouts
+    if not prof.fsdp_unsharded_layers:
+        return 0.0
+    gathered = prof.fsdp_gathered_bytes * (params.dense + params.expert)
+    a_few = prof.fsdp_gathered_bytes * prof.fsdp_unsharded_layers * layer_params
+    after_backward = np.maximum(a_few, gathered - acts.activations / acts.in_flight)
+    under_pipeline = (lay.pp > 1) & prof.pipeline_defers_fsdp_reduction
+    return np.where(lay.zero_stage == 2, gathered, np.where(
+        lay.zero_stage >= 3, np.where(under_pipeline, after_backward, a_few), 0.0))
+
+
+def _autocast_casts(cfg: _Config, params: _StageParameters, acts: _StageActivations,
+                    layer: _LayerActivations, layer_params: np.ndarray) -> np.ndarray:
+    """Autocast's weight casts: its cache holds every one until its region exits, at the end of
+    the forward and loss (the built-in pipeline's region spans its schedule, backward too). A
+    layer that is not recomputed saves its casts for backward anyway; a recomputed one casts
+    again in backward, one layer at a time, beside the LM head's saved cast. So with
+    recomputation on one stage the end of the forward is a second candidate peak: all the
+    casts, the loss's forward tensors, and the activations less the layer being recomputed;
+    what it holds beyond the backward's peak counts here."""
+    act, logits = acts.activations, acts.logits
+    cast_bytes = 0.0 if cfg.full_precision else cfg.prof.autocast_weight_bytes
+    casts_all = cast_bytes * (params.dense + params.expert)
+    released = _one_layer_at_a_time(cfg.layouts.modes, cfg.prof) & cfg.layouts.single_stage
+    casts = np.where(released, cast_bytes * (layer_params + params.head), casts_all)
+    loss_forward = _logits_at_forward_end(cfg)
+    forward_end = np.where(released & (loss_forward > 0),
+                           act - layer.working + loss_forward + casts_all, 0.0)
+    return casts + np.maximum(forward_end - (act + logits + casts), 0.0)
+
+
+def _fragmentation(cfg: _Config, acts: _StageActivations) -> np.ndarray:
+    """What the caching allocator holds beyond live tensors (the module docstring says why)."""
+    prof = cfg.prof
+    return (prof.fragmentation_sequential * acts.activations / acts.in_flight
+            + prof.fragmentation_pipelined * acts.activations * (1.0 - 1.0 / acts.in_flight)
+            + prof.fragmentation_logits * acts.logits + prof.reserved_floor_bytes)
+
+
+def _runtime_overhead(cfg: _Config) -> np.ndarray:
+    """Outside the allocator: the CUDA context, and NCCL's buffers per communicator in use."""
+    lay = cfg.layouts
+    groups = sum(((x > 1).astype(np.float64) for x in (lay.dp * lay.ep, lay.tp, lay.pp, lay.cp,
+                                                       lay.ep)), np.zeros_like(lay.tp))
+    return cfg.prof.cuda_context_bytes + cfg.prof.nccl_bytes_per_group * groups
+
+
+# ---------------------------------------------------------------- one stage, and the rank described
+
+@dataclass(frozen=True, eq=False)
+class _StageMemory:
+    """One rank of a pipeline stage: bytes per component (`COMPONENTS`) at the peak, and the
+    live tensors of the optimizer-step window."""
+
+    components: dict[str, np.ndarray]
+    step_allocated: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return sum(self.components.values(), np.zeros_like(self.step_allocated))
+
+
+def _stage_memory(cfg: _Config, params: _StageParameters, acts: _StageActivations,
+                  layer: _LayerActivations, layer_params: np.ndarray) -> _StageMemory:
+    state = _model_state(cfg, params)
+    act, logits = acts.activations, acts.logits
+    casts = _autocast_casts(cfg, params, acts, layer, layer_params)
+    step_extra = np.maximum(state.step_needs - (act + logits + casts), 0.0)
+    fixed = _fixed_buffers(cfg)
+    buffers = fixed + _fsdp_gathered(cfg, params, acts, layer_params) + casts + step_extra
+    components = {"weights": state.weights, "gradients": state.gradients,
+                  "optimizer": state.optimizer, "activations": act, "logits": logits,
+                  "buffers": buffers, "fragmentation": _fragmentation(cfg, acts),
+                  "overhead": _runtime_overhead(cfg) + 0 * act}
+    # the gathered copies and the casts are freed by the optimizer step
+    step = state.weights + state.gradients + state.optimizer + fixed + state.step_needs
+    return _StageMemory({name: np.rint(v).astype(np.int64) for name, v in components.items()},
+                        np.rint(step).astype(np.int64))
+
+
+def _stage_memories(cfg: _Config, pp: np.ndarray) -> tuple[_StageMemory, _StageMemory]:
+    """One rank of the first and one of the last pipeline stage."""
+    layers_first, layers_last = _first_last_layers(cfg.model, pp, cfg.prof)
+    layer_params = _layer_parameters(cfg.model)
+    per_rank = _layer_parameters_per_rank(cfg, layer_params)
+    layer = _layer_activations(cfg)
+    first = _stage_memory(cfg, _first_stage_parameters(cfg, layers_first, layer_params),
+                          _first_stage_activations(cfg, layers_first, layer), layer, per_rank)
+    last = _stage_memory(cfg, _last_stage_parameters(cfg, layers_last, layer_params),
+                         _last_stage_activations(cfg, layers_last, layer), layer, per_rank)
+    return first, last
+
+
+def _described_is_last(first: _StageMemory, last: _StageMemory, single: np.ndarray,
+                       stage: str) -> np.ndarray:
+    """Per row, whether the rank described is the last stage's (`stage`, `STAGES`)."""
+    if stage == "first":
+        return np.zeros_like(single)
+    if stage == "last":
+        return ~single
+    return (~single) & (last.total > first.total)
+
+
+def _output_columns(first: _StageMemory, last: _StageMemory, use_last: np.ndarray
+                    ) -> dict[str, np.ndarray]:
+    out = {f"mem_{name}_bytes": np.where(use_last, last.components[name], first.components[name])
+           for name in COMPONENTS}
+    allocated = sum((out[f"mem_{n}_bytes"] for n in COMPONENTS[:6]),
+                    np.zeros_like(first.step_allocated))
+    out["mem_allocated_bytes"] = allocated
+    out["mem_reserved_bytes"] = allocated + out["mem_fragmentation_bytes"]
+    out["mem_total_bytes"] = out["mem_reserved_bytes"] + out["mem_overhead_bytes"]
+    out["mem_step_allocated_bytes"] = np.where(use_last, last.step_allocated, first.step_allocated)
+    out["mem_last_stage"] = use_last
+    return out
 
 
 def _compute(model: ModelShape, columns: Mapping[str, np.ndarray], masks: Mapping[str, np.ndarray],
              seq_len: int, dtype: str, prof: MemoryProfile, stage: str) -> dict[str, np.ndarray]:
-    if dtype not in _ACT_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    f64 = {k: np.asarray(columns[k], dtype=np.float64) for k in LAYOUT_INT_COLUMNS}
-    dp, tp, pp, cp, ep, zero = (f64[k] for k in ("dp", "tp", "pp", "cp", "ep", "zero_stage"))
-    sp = np.asarray(columns["sp"], dtype=bool)
-    a = float(_ACT_BYTES[dtype])
-    full_precision = dtype in ("fp32", "tf32")
-
-    pc = count_parameters(model)
-    h, vocab = float(model.hidden_size), float(model.vocab_size)
-    gelu = mlp_kind(model) == "gelu"
-    expert_per_layer = float(model.num_experts * 3 * model.hidden_size * model.moe_ffn_hidden_size)
-    dense_per_layer = float(pc.per_layer) - expert_per_layer
-    if gelu:  # two matrices, not SwiGLU's three
-        dense_per_layer -= float(model.hidden_size * model.ffn_hidden_size)
-
-    # --- parameters held by one rank of the first and of the last stage
-    n_first, n_last = _first_last_layers(model, columns["pp"], prof)
-    head = vocab * h / tp
-    single = pp == 1
-    dense_first = n_first * dense_per_layer / tp + head + np.where(
-        single, h + (0.0 if model.tie_word_embeddings else 1.0) * head, 0.0)
-    dense_last = n_last * dense_per_layer / tp + head + h
-    expert_first = n_first * expert_per_layer / (tp * ep)
-    expert_last = n_last * expert_per_layer / (tp * ep)
-
-    # --- state bytes per parameter and ZeRO sharding
-    cp_shard = cp if prof.zero_shards_over_cp else 1.0
-    n_dense, n_expert = dp * ep * cp_shard, dp * cp_shard
-    replicas = dp * ep * cp
-    def in_dtype(nbytes: float) -> float:  # a buffer kept in the weights' dtype is fp32 in fp32 runs
-        return max(nbytes, 4.0) if full_precision and nbytes else nbytes
-
-    w_b = in_dtype(prof.weight_bytes)
-    g_b = in_dtype(prof.grad_bytes) + prof.fp32_grad_bytes
-    bucket_b = np.where((replicas > 1) & (zero <= 1), in_dtype(prof.ddp_bucket_bytes), 0.0)
-    o_b = (0.0 if full_precision else prof.master_bytes) + prof.optimizer_bytes
-
-    # gradients that do not exist yet at the activation peak (made in the backward that follows)
-    grads_later = np.where(prof.grads_freed_each_step & (f64["grad_acc"] == 1), 1.0, 0.0)
-    # FSDP whose reduce-scatter waits for the step's last micro-batch: whole gradients until then
-    deferred = fsdp_reduction_deferred(prof, zero, pp, f64["grad_acc"])
-    under_pipeline = (pp > 1) & prof.pipeline_defers_fsdp_reduction
-
-    def state(p_dense: np.ndarray, p_expert: np.ndarray) -> tuple[np.ndarray, ...]:
-        def sharded(bytes_pp, from_stage):
-            on = zero >= from_stage
-            return bytes_pp * (p_dense / np.where(on, n_dense, 1.0) + p_expert / np.where(on, n_expert, 1.0))
-        weights = sharded(w_b, prof.weights_shard_from_zero)
-        param_grads = sharded(g_b, 2)
-        unsharded_grads = prof.fsdp_accumulated_grad_bytes * (p_dense + p_expert)
-        grads = np.where(deferred, unsharded_grads,
-                         param_grads * (1.0 - grads_later) + bucket_b * (p_dense + p_expert))
-        optim = sharded(o_b, 1)
-        gather = np.where((zero >= 1) & (n_dense > 1),
-                          prof.zero1_gather_bytes * (p_dense + p_expert) * (1.0 + 1.0 / n_dense), 0.0)
-        # what the optimizer step needs beyond the activation peak's state: the gradients made after
-        # it (deferred: the sharded ones, the whole ones freed by then), the ZeRO-1 all-gather and
-        # the optimizer's own temporaries
-        temporaries = sharded(prof.optimizer_step_temp_bytes, 1)
-        later = np.where(deferred, param_grads - unsharded_grads, param_grads * grads_later)
-        return weights, grads, optim, gather + later + temporaries
-
-    recomputed = _one_layer_at_a_time(masks, prof)
-    act_first, act_last, logits_first, logits, first_mb, last_mb, working = _activations(
-        model, prof, masks, f64, sp, single, n_first, n_last, seq_len, a, gelu, not full_precision,
-        recomputed)
-    # the loss at the end of a single stage's forward (with every weight cast, see below)
-    logits_forward = np.where(single, f64["mbs"] * seq_len / cp * vocab / tp
-                              * prof.logits_forward_bytes_per_element, 0.0)
-
-    # --- fixed buffers and runtime
-    tokens = f64["mbs"] * seq_len / cp
-    buffers_fixed = prof.workspace_bytes + np.where(tp > 1, prof.tp_buffer_bytes_per_token_h * tokens * h, 0.0)
-    groups = sum((x > 1).astype(np.float64) for x in (dp * ep, tp, pp, cp, ep))
-    overhead = prof.cuda_context_bytes + prof.nccl_bytes_per_group * groups
-
-    def stage_total(p_dense, p_expert, act, lg, lg_forward, in_flight, head_params):
-        weights, grads, optim, step_needs = state(p_dense, p_expert)
-        layer_params = (dense_per_layer + expert_per_layer / ep) / tp
-        fsdp = 0.0
-        if prof.fsdp_unsharded_layers:
-            gathered = prof.fsdp_gathered_bytes * (p_dense + p_expert)
-            a_few = prof.fsdp_gathered_bytes * prof.fsdp_unsharded_layers * layer_params
-            # ZeRO-3 under a schedule: each forward reshards, each backward leaves every layer
-            # gathered, beside all but one micro-batch's activations (the later of two peaks)
-            after_backward = np.maximum(a_few, gathered - act / in_flight)
-            fsdp = np.where(zero == 2, gathered,
-                            np.where(zero >= 3, np.where(under_pipeline, after_backward, a_few), 0.0))
-        # autocast's weight casts: its cache holds every one until its region exits, at the end of
-        # the forward and loss (the built-in pipeline's region spans its schedule, backward too).
-        # A layer that is not recomputed saves its casts for backward anyway; a recomputed one
-        # casts again in backward, one layer at a time, beside the LM head's saved cast. So with
-        # recomputation on one stage the end of the forward is a second candidate peak: all the
-        # casts, the loss's forward tensors, and the activations less the layer being recomputed.
-        cast_bytes = 0.0 if full_precision else prof.autocast_weight_bytes
-        casts_all = cast_bytes * (p_dense + p_expert)
-        released = recomputed & single
-        casts = np.where(released, cast_bytes * (layer_params + head_params), casts_all)
-        forward_end = np.where(released & (lg_forward > 0), act - working + lg_forward + casts_all, 0.0)
-        casts = casts + np.maximum(forward_end - (act + lg + casts), 0.0)
-        step_extra = np.maximum(step_needs - (act + lg + casts), 0.0)
-        buffers = buffers_fixed + fsdp + casts + step_extra
-        frag = (prof.fragmentation_sequential * act / in_flight
-                + prof.fragmentation_pipelined * act * (1.0 - 1.0 / in_flight)
-                + prof.fragmentation_logits * lg + prof.reserved_floor_bytes)
-        comps = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act,
-                 "logits": lg, "buffers": buffers, "fragmentation": frag, "overhead": overhead + 0 * act}
-        step = weights + grads + optim + buffers_fixed + step_needs  # gathered copies freed by then
-        return {name: np.rint(v).astype(np.int64) for name, v in comps.items()}, np.rint(step).astype(np.int64)
-
-    first, step_first = stage_total(dense_first, expert_first, act_first, logits_first, logits_forward,
-                                    first_mb, np.where(single, head, 0.0))
-    last, step_last = stage_total(dense_last, expert_last, act_last, logits, logits_forward, last_mb, head)
-    total_first = sum(first.values())
-    total_last = sum(last.values())
-    if stage == "first":
-        use_last = np.zeros_like(single)
-    elif stage == "last":
-        use_last = ~single
-    else:
-        use_last = (~single) & (total_last > total_first)
-    out = {f"mem_{name}_bytes": np.where(use_last, last[name], first[name]) for name in COMPONENTS}
-    allocated = sum(out[f"mem_{n}_bytes"] for n in COMPONENTS[:6])
-    out["mem_allocated_bytes"] = allocated
-    out["mem_reserved_bytes"] = allocated + out["mem_fragmentation_bytes"]
-    out["mem_total_bytes"] = out["mem_reserved_bytes"] + out["mem_overhead_bytes"]
-    out["mem_step_allocated_bytes"] = np.where(use_last, step_last, step_first)
-    out["mem_last_stage"] = use_last
-    return out
+    cfg = _config(model, columns, masks, seq_len, dtype, prof)
+    first, last = _stage_memories(cfg, columns["pp"])
+    use_last = _described_is_last(first, last, cfg.layouts.single_stage, stage)
+    return _output_columns(first, last, use_last)
 
 
 def _check_stage(stage: str) -> None:
