@@ -3,11 +3,17 @@
 Runs the demo spec (`sweep run examples/local-cpu.yaml`, plan → runs → collect, no report) into
 two temporary folders: first on the machine as it is, then beside a CPU load of two busy
 processes that this script starts before the second sweep and stops after it (each also ends by
-itself after --load-limit-s). Each sweep measures its own CPU peak when it starts
-(sweep.workload.peak), so the second sweep's peak is measured under the same load its runs meet.
+itself after --load-limit-s). Each sweep measures its CPU peak when it starts
+(sweep.workload.peak) and uses the larger of that and the host record: the best peak measured
+or achieved on this host by earlier sweeps. The script points the host records
+(SWEEP_CPU_PEAK_CACHE) at a fresh temporary folder that both sweeps share, so the first sweep
+starts with none and the second starts with what the first left, as on a host whose user ran one
+sweep before; the user's own ~/.cache is not touched.
 Prints, per run completed in both sweeps, the MFU (full-attention convention) of each; the last
 line: key=value pairs with the largest relative difference, the largest MFU of either sweep,
-each sweep's peaks and whether collect raised them, and the load average.
+each sweep's measured peak, the peak it used and whether collect raised it, where the loaded
+sweep's peak came from (`loaded_peak_from_host_record`: 1 if the host record), the host record
+after both sweeps, and the load average.
 
 Targets (issue 37): each completed run's MFU within 15 % between the two sweeps
 (|loaded − quiet| / quiet), and no MFU above 1 in either.
@@ -34,8 +40,8 @@ MFU = "mfu_full_attention"
 BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
 
-def run_sweep(spec: Path, out: Path) -> tuple[dict[str, dict[str, Any]], float]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+def run_sweep(spec: Path, out: Path, cache: Path) -> tuple[dict[str, dict[str, Any]], float]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), SWEEP_CPU_PEAK_CACHE=str(cache))
     env.pop("SWEEP_ATTEMPT_DIR", None)
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "sweep.cli", "run", str(spec), "--out", str(out),
@@ -48,12 +54,18 @@ def run_sweep(spec: Path, out: Path) -> tuple[dict[str, dict[str, Any]], float]:
     return {row["run_id"]: row for row in rows}, wall
 
 
-def peaks(rows: dict[str, dict[str, Any]]) -> tuple[float, float, bool]:
-    """The measured peak, the peak used (raised or not), and whether collect raised it."""
-    measured = [r["peak_flops_raised_from"] or r["peak_flops"] for r in rows.values() if r["peak_flops"]]
+def peaks(rows: dict[str, dict[str, Any]], sweep_dir: Path) -> tuple[float, float, bool, float, bool]:
+    """The peak measured at the sweep's start, the peak used (raised or not), whether collect
+    raised it, the peak stored at the start (the larger of the measurement and the host
+    record), and whether that came from the host record."""
+    stored = [json.loads(path.read_text()) for path in sorted((sweep_dir / "peaks").glob("*.json"))
+              if path.name != "raised.json"]
+    measured = [s.get("measured_peak_flops", s["peak_flops"]) for s in stored]
+    at_start = [r["peak_flops_raised_from"] or r["peak_flops"] for r in rows.values() if r["peak_flops"]]
     used = [r["peak_flops"] for r in rows.values() if r["peak_flops"]]
     raised = any(r["peak_flops_raised_from"] is not None for r in rows.values())
-    return max(measured), max(used), raised
+    from_host = any(s.get("peak_from") == "the host record" for s in stored)
+    return max(measured), max(used), raised, max(at_start), from_host
 
 
 def main() -> None:
@@ -64,17 +76,21 @@ def main() -> None:
                         help="each busy process ends by itself after this long")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cpu-mfu-") as tmp:
-        quiet, quiet_s = run_sweep(args.spec, Path(tmp) / "quiet")
+        cache = Path(tmp) / "cpu-peak-cache"  # the host records, shared by both sweeps
+        quiet, quiet_s = run_sweep(args.spec, Path(tmp) / "quiet", cache)
+        quiet_peak = peaks(quiet, Path(tmp) / "quiet")
         load = [subprocess.Popen([sys.executable, "-c", BUSY, str(args.load_limit_s)])
                 for _ in range(args.load_processes)]
         try:
-            loaded, loaded_s = run_sweep(args.spec, Path(tmp) / "loaded")
+            loaded, loaded_s = run_sweep(args.spec, Path(tmp) / "loaded", cache)
             load_avg = os.getloadavg()[0]
         finally:
             for process in load:
                 process.kill()
             for process in load:
                 process.wait()
+        loaded_peak = peaks(loaded, Path(tmp) / "loaded")
+        host_records = [json.loads(path.read_text())["peak_flops"] for path in cache.glob("*.json")]
     both = sorted(run for run in quiet if run in loaded and quiet[run]["outcome"] == "completed"
                   and loaded[run]["outcome"] == "completed" and quiet[run][MFU] and loaded[run][MFU])
     diffs = []
@@ -86,7 +102,6 @@ def main() -> None:
                           "mfu_loaded": round(b, 4), "rel_diff": round(diffs[-1], 4)}))
     mfus = [row[c] for rows in (quiet, loaded) for row in rows.values()
             for c in (MFU, "mfu_megatron", "mfu_6N", "mfu_reported") if row.get(c) is not None]
-    quiet_peak, loaded_peak = peaks(quiet), peaks(loaded)
     figures = {
         "runs_compared": len(both),
         "completed_quiet": sum(r["outcome"] == "completed" for r in quiet.values()),
@@ -98,6 +113,9 @@ def main() -> None:
         "raised_quiet": int(quiet_peak[2]),
         "measured_peak_loaded_gflops": loaded_peak[0] / 1e9, "peak_loaded_gflops": loaded_peak[1] / 1e9,
         "raised_loaded": int(loaded_peak[2]),
+        "peak_at_start_loaded_gflops": loaded_peak[3] / 1e9,
+        "loaded_peak_from_host_record": int(loaded_peak[4]),
+        "host_record_after_gflops": max(host_records, default=float("nan")) / 1e9,
         "sweep_quiet_s": quiet_s, "sweep_loaded_s": loaded_s,
         "load_avg_1m": load_avg, "cores": float(os.cpu_count() or 0),
     }

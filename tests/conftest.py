@@ -22,6 +22,25 @@ def repo_root() -> Path:
     return REPO
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_peak_cache_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The host records of CPU peaks (sweep.workload.peak) go to a folder of the test session,
+    never to the user's ~/.cache, for module-scoped fixtures and the processes they start too."""
+    folder = tmp_path_factory.mktemp("cpu-peak-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SWEEP_CPU_PEAK_CACHE", str(folder))
+        yield folder
+
+
+@pytest.fixture(autouse=True)
+def cpu_peak_cache(_cpu_peak_cache_of_the_session: Path, tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test starts with no host record of CPU peaks: a fresh folder of its own."""
+    folder = tmp_path_factory.mktemp("cpu-peak-cache")
+    monkeypatch.setenv("SWEEP_CPU_PEAK_CACHE", str(folder))
+    return folder
+
+
 REFDATA_SKIP = "no reference data in"
 
 

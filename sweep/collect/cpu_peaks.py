@@ -12,11 +12,17 @@ implies (flops_per_token_reported × tokens_per_sec_per_gpu).
 The rule is recomputed over the whole table at every collect, from the measured peak
 (`peak_flops_raised_from` keeps it), so reused rows and new ones agree and collecting twice gives
 the same table. What was raised, by which attempt and why is written to `<sweep>/peaks/raised.json`.
+
+A raised peak also raises the host record of that host, dtype and shape (the user-level record of
+sweep.workload.peak, named like the sweep's `peaks/<file>` that the source names): a run proved
+the host can do that much, so later sweeps on it start from there. The record only rises, so
+collecting again changes nothing.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -25,9 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sweep.collect.schema import CONVENTIONS, to_table
+from sweep.workload.peak import host_record_file, raise_host_record
 
 RAISED_MARK: Final = " | raised at collect"
 RAISED_FILE: Final = "raised.json"
+PEAK_FILE_IN_SOURCE: Final = re.compile(r"peaks/([^;)|/\s]+\.json)")
 
 
 def _achieved(row: Mapping[str, Any]) -> dict[str, float]:
@@ -102,10 +110,33 @@ def _rescale_mfu(row: dict[str, Any], peak: float) -> None:
         row["mfu_reported"] = float(rate) * float(row["flops_per_token_reported"]) / peak
 
 
+def raise_host_records(sweep_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Raise the host record of every peak a run beat to what the run achieved (adds, to each
+    such record, `host_record`: the file and its peak before and after). A peak whose source
+    names no `peaks/<file>` has no host record to raise."""
+    for record in records:
+        if not record["raised"]:
+            continue
+        match = PEAK_FILE_IN_SOURCE.search(record["peak_flops_source"])
+        if match is None:
+            record["host_record"] = None
+            continue
+        path = host_record_file(match.group(1))
+        before, after = raise_host_record(
+            path, float(record["peak_flops"]),
+            f"achieved at collect by {Path(sweep_dir).resolve() / record['raised_by']}: "
+            f"{record['why']}")
+        record["host_record"] = {"file": str(path),
+                                 "peak_flops_before": before["peak_flops"] if before else None,
+                                 "peak_flops_after": after["peak_flops"]}
+
+
 def write_raised(sweep_dir: Path, records: list[dict[str, Any]]) -> Path | None:
-    """Record in the sweep folder what each measured CPU peak became at collect, and why."""
+    """Record in the sweep folder what each measured CPU peak became at collect, and why; a
+    raised peak raises its host record too (`raise_host_records`)."""
     if not records:
         return None
+    raise_host_records(sweep_dir, records)
     path = sweep_dir / "peaks" / RAISED_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{RAISED_FILE}.tmp")

@@ -150,9 +150,10 @@ def local_gpus(rendered: Rendered, spec_path: Path) -> list[str] | None:
 
 def measure_cpu_peaks(out: Path, run_dirs: list[Path], console: Console) -> None:
     """Before the sweep's first run, measure this host's CPU peak for every shape of its CPU runs
-    (dtype, ranks per node, threads per rank) into <out>/peaks/, with nothing of the sweep
-    running: each run then divides by a peak measured the same way (sweep.workload.peak). A peak
-    the sweep already has is kept."""
+    (dtype, ranks per node, threads per rank), with nothing of the sweep running, and store in
+    <out>/peaks/ the larger of it and the host record (the best earlier sweeps on this host
+    measured or achieved; sweep.workload.peak): every run divides by that. A peak the sweep
+    already has is kept."""
     from sweep.workload.peak import cpu_threads_per_rank, ensure_cpu_peak
 
     configs = [load_run(run_dir) for run_dir in run_dirs]

@@ -7,19 +7,31 @@ and measured so that it is the best this host can do for the ranks a run uses:
   the threads a rank trains with (`cpu_threads_per_rank`), all timing square matmuls at once,
   so they contend for cores, caches and memory bandwidth as the ranks do in training;
 - **the best of several trials**: each trial gives the FLOP/s per rank (the workers' sum over
-  the ranks), and the peak is the best trial, not a mean and not one short trial: the best is
-  what the host can do, and a trial that a neighbour's load slowed is not;
+  the ranks), and the measurement is the best trial, not a mean and not one short trial;
+- **the best the host has ever done**: what a host can do is a property of the host and the
+  run's shape, not of one sweep, so it is kept per host in a user-level record outside any sweep
+  folder (`host_peak_cache()`: `$SWEEP_CPU_PEAK_CACHE`, else `$XDG_CACHE_HOME/llm-sweep/cpu-peaks`,
+  else `~/.cache/llm-sweep/cpu-peaks`), one file per host, dtype and ranks × threads. It only
+  ever rises: a measurement, or a run that achieved more (collect, `sweep.collect.cpu_peaks`),
+  raises it; nothing lowers it. Writers take a lock beside the file and replace it atomically,
+  so concurrent sweeps keep the max;
 - **once per sweep, at its start**: `sweep run` measures every shape its runs use before the
   first starts (`ensure_cpu_peak`); a job on a host that has no peak yet (a Slurm node, a run by
-  hand) measures it before its first step, while its ranks wait. The peak is stored in
-  `<sweep>/peaks/`, keyed by host, dtype, ranks per node and threads per rank, and every run of
-  the sweep on that host and shape divides by it.
+  hand) measures it before its first step, while its ranks wait. The peak the sweep uses is the
+  larger of its measurement and the host record, so a sweep that starts under a neighbour's load
+  still divides by what the host can do. It is stored in `<sweep>/peaks/`, keyed by host, dtype,
+  ranks per node and threads per rank, with the measurement, the host record before and after,
+  and which of them was used: the sweep folder alone says what MFU divided by, and why. Every
+  run of the sweep on that host and shape divides by it.
 
 The source string says all of it: `measured:cpu-matmul-fp32 best of 5 trials, 2 ranks × 1
-threads at once on <host> (a measured CPU peak, not a datasheet figure; peaks/<file>)`.
+threads at once on <host>: the best of this sweep's trials (… GFLOP/s per rank) and of earlier
+sweeps on this host (host record … GFLOP/s per rank), <which> used (a measured CPU peak, not a
+datasheet figure; peaks/<file>)`.
 
-Collect raises a stored peak that a run beat (`sweep.collect.cpu_peaks`), so MFU never exceeds
-100 %. torch is imported only by the workers and by `train`, so `sweep run` can measure without it.
+Collect raises a stored peak that a run beat (`sweep.collect.cpu_peaks`), and the host record
+with it, so MFU never exceeds 100 %. torch is imported only by the workers and by `train`, so
+`sweep run` can measure without it.
 """
 
 from __future__ import annotations
@@ -44,6 +56,9 @@ DEFAULT_TRIALS: Final = 5
 DEFAULT_TRIAL_S: Final = 0.5
 MATMUL_SIZE: Final = 512
 LOCK_WAIT_S: Final = 900.0  # a run waits this long for another process measuring the same peak
+HOST_LOCK_WAIT_S: Final = 60.0  # a writer of the host record waits this long for another
+HOST_CACHE_ENV: Final = "SWEEP_CPU_PEAK_CACHE"  # the host records' folder (the tests point it away)
+HOST_HISTORY: Final = 20  # a host record keeps this many of its latest rises
 CPU_DTYPES: Final = ("fp32", "tf32", "bf16", "fp16")
 
 
@@ -88,11 +103,19 @@ class CpuPeak:
     def per_rank(self) -> float:
         return max(self.trials)
 
-    def source(self, path: Path | None = None) -> str:
+    def source(self, path: Path | None = None, host_record: float | None = None) -> str:
+        """In words: what was measured, how, and, with the host record, which of the two is the
+        peak used (the larger)."""
         where = f"; peaks/{path.name}" if path is not None else ""
+        earlier = (f"host record {host_record / 1e9:.4g} GFLOP/s per rank" if host_record is not None
+                   else "no host record yet")
+        used = ("the host record used" if host_record is not None and host_record > self.per_rank
+                else "this sweep's trials used")
         return (f"measured:cpu-matmul-{matmul_dtype_name(self.dtype)} best of {len(self.trials)} "
-                f"trials, {self.ranks} ranks × {self.threads} threads at once on {host_name()} "
-                f"(a measured CPU peak, not a datasheet figure{where})")
+                f"trials, {self.ranks} ranks × {self.threads} threads at once on {host_name()}: "
+                f"the best of this sweep's trials ({self.per_rank / 1e9:.4g} GFLOP/s per rank) and "
+                f"of earlier sweeps on this host ({earlier}), {used} (a measured CPU peak, not a "
+                f"datasheet figure{where})")
 
 
 def _trial_settings(trials: int | None, trial_s: float | None) -> tuple[int, float]:
@@ -174,6 +197,56 @@ def _worker(dtype: str, threads: int, seconds: float, size: int) -> int:
     return 0
 
 
+def host_peak_cache() -> Path:
+    """The user-level folder of the host records: $SWEEP_CPU_PEAK_CACHE, else
+    $XDG_CACHE_HOME/llm-sweep/cpu-peaks, else ~/.cache/llm-sweep/cpu-peaks."""
+    override = os.environ.get(HOST_CACHE_ENV)
+    if override:
+        return Path(override).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "llm-sweep" / "cpu-peaks"
+
+
+def host_record_file(name: str) -> Path:
+    """The host record for a sweep's peak file name (`<host>-<dtype>-<ranks>x<threads>.json`)."""
+    return host_peak_cache() / name
+
+
+def read_host_record(path: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        float(record["peak_flops"])
+        return dict(record)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def raise_host_record(path: Path, value: float, source: str,
+                      details: dict[str, Any] | None = None
+                      ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Raise the host record at `path` to `value` if that is higher; never lower it. Returns the
+    record before and after. A lock beside the file makes read-compare-write one step for
+    concurrent writers (other sweeps, other collects); the file is replaced atomically, so a
+    reader sees the old record or the new, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(path.with_name(f".{path.name}.lock"), wait_s=HOST_LOCK_WAIT_S):
+        before = read_host_record(path)
+        if before is not None and float(before["peak_flops"]) >= value:
+            return before, before
+        now = time.time()
+        history = list(before.get("history", [])) if before is not None else []
+        history.append({"peak_flops": value, "source": source, "at": now})
+        record = {"peak_flops": value, "source": source, "host": socket.gethostname(),
+                  "updated_at": now, **(details or {}),
+                  "rule": "the best CPU peak measured or achieved on this host for this dtype and "
+                          "ranks × threads; it only ever rises",
+                  "history": history[-HOST_HISTORY:]}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        return before, record
+
+
 def read_stored_peak(path: Path) -> tuple[float, str] | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -201,9 +274,10 @@ def store_peak(path: Path, value: float, source: str,
 
 def ensure_cpu_peak(sweep_dir: Path, dtype: str, ranks: int, threads: int, *, measured_by: str,
                     trials: int | None = None, trial_s: float | None = None) -> tuple[float, str]:
-    """The sweep's stored peak for this host and shape, measured now if it has none. One process
-    measures at a time (a lock beside the file): two measuring at once would contend and each
-    record a peak too low."""
+    """The sweep's stored peak for this host and shape; if it has none, measured now and
+    compared with the host record: the sweep uses the larger, and the host record rises to it.
+    One process measures at a time (a lock beside the file): two measuring at once would
+    contend and each record a peak too low."""
     path = peak_file(sweep_dir, dtype, ranks, threads)
     stored = read_stored_peak(path)
     if stored is not None:
@@ -214,11 +288,35 @@ def ensure_cpu_peak(sweep_dir: Path, dtype: str, ranks: int, threads: int, *, me
             return stored
         began = time.time()
         peak = measure_cpu_peak(dtype, ranks, threads, trials, trial_s)
-        return store_peak(path, peak.per_rank, peak.source(path), {
-            "dtype": dtype, "ranks_per_node": ranks, "threads_per_rank": threads,
-            "matmul_size": peak.size, "trial_s": peak.trial_s, "trials_flops_per_rank": peak.trials,
+        measure_s = time.time() - began
+        shape = {"dtype": dtype, "ranks_per_node": ranks, "threads_per_rank": threads}
+        record_path = host_record_file(path.name)
+        before, after = raise_host_record(
+            record_path, peak.per_rank,
+            f"measured:cpu-matmul-{matmul_dtype_name(dtype)} best of {len(peak.trials)} trials, "
+            f"{ranks} ranks × {threads} threads at once, by {measured_by} for the sweep "
+            f"{sweep_dir.resolve()}", shape)
+        used = float(after["peak_flops"])  # ≥ the measurement: the record took the larger
+        from_host = used > peak.per_rank
+        host_shown = used if from_host else (float(before["peak_flops"]) if before else None)
+        return store_peak(path, used, peak.source(path, host_shown), {
+            **shape, "peak_from": "the host record" if from_host else "this sweep's measurement",
+            "rule": "the peak used is the larger of this sweep's measurement (the best of its "
+                    "trials) and the host record (the best peak measured or achieved on this host "
+                    "for this dtype and shape by earlier sweeps)",
+            "measured_peak_flops": peak.per_rank, "matmul_size": peak.size,
+            "trial_s": peak.trial_s, "trials_flops_per_rank": peak.trials,
             "worker_pids": peak.worker_pids, "worker_threads": peak.worker_threads,
-            "measured_by": measured_by, "measure_s": time.time() - began})
+            "measured_by": measured_by, "measure_s": measure_s,
+            "host_record_file": str(record_path),
+            "host_record_before": _record_summary(before),
+            "host_record_after": _record_summary(after)})
+
+
+def _record_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    if record is None:
+        return None
+    return {key: record[key] for key in ("peak_flops", "source", "updated_at") if key in record}
 
 
 def main(argv: list[str] | None = None) -> int:

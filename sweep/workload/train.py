@@ -231,9 +231,10 @@ def sweep_dir_of(attempt_dir: Path) -> Path:
 def _dense_peak(cfg: RunConfig, device: torch.device,
                 attempt_dir: Path) -> tuple[float, str]:
     """The catalog's peak on GPUs; on CPU the sweep's stored peak for this host and shape
-    (sweep.workload.peak): `sweep run` measured it before the sweep's first run; where none is
+    (sweep.workload.peak): `sweep run` stored it before the sweep's first run; where none is
     stored yet, rank 0 measures it now, with the run's ranks per node and threads per rank,
-    while every rank waits, and every rank uses its answer."""
+    while every rank waits, stores the larger of it and the host record, and every rank uses
+    that."""
     if device.type == "cuda":
         return catalog_peak(cfg.gpu, cfg.dtype)
     decided: list[tuple[float, str] | None] = [None]

@@ -1,6 +1,7 @@
 """The raise rule (sweep.collect.cpu_peaks): a run faster than its host's measured CPU peak raises
 the sweep's peak for every run on that host and shape, at collect, so no MFU in runs.parquet
-exceeds 1; what was raised and why is in the rows and in <sweep>/peaks/raised.json."""
+exceeds 1; what was raised and why is in the rows and in <sweep>/peaks/raised.json, and the
+host record rises with it (in the test's own folder, tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from sweep.core.layout import Layout
 from sweep.core.runconfig import RunConfig
 from sweep.core.state import METRICS_FILE, RUN_FILE, STATUS_FILE, atomic_write_json
 from sweep.models import flops
+from sweep.workload.peak import host_record_file, raise_host_record, read_host_record
 
 SHAPE = catalog.get_model("tiny-4l")
 MEASURED = 2.0e10
@@ -81,10 +83,27 @@ def test_a_run_faster_than_the_measured_peak_raises_it_for_every_run_of_the_swee
     assert peak["raised"] and peak["raised_by"] == fast and peak["exceeded_by"] == [fast]
     assert peak["measured_peak_flops"] == MEASURED and "above the measured peak" in peak["why"]
     assert result.raised_peaks == record["peaks"]
+    # a run proved the host can do that much: the host record of that host and shape rose to it
+    host = read_host_record(host_record_file("host-fp32-2x1.json"))
+    assert host is not None and host["peak_flops"] == pytest.approx(raised, rel=1e-12)
+    assert fast in host["source"] and host["source"].startswith("achieved at collect by ")
+    assert peak["host_record"] == {"file": str(host_record_file("host-fp32-2x1.json")),
+                                   "peak_flops_before": None, "peak_flops_after": host["peak_flops"]}
     # collecting again reuses the rows and applies the rule from the measured peak: the same table
     again, _ = update_runs(tmp_path)
     assert again.reused == 2
     assert {r["attempt_dir"]: r for r in pq.read_table(out).to_pylist()} == rows
+    assert read_host_record(host_record_file("host-fp32-2x1.json")) == host  # it only rises
+
+
+def test_a_raise_below_the_host_record_leaves_it(tmp_path: Path) -> None:
+    path = host_record_file("host-fp32-2x1.json")
+    raise_host_record(path, 1.0e15, "an earlier sweep")
+    write_cpu_run(tmp_path, tp=1, mfu=1.6)
+    result, _ = update_runs(tmp_path)
+    (peak,) = result.raised_peaks
+    assert peak["raised"] and peak["host_record"]["peak_flops_before"] == 1.0e15
+    assert read_host_record(path)["peak_flops"] == peak["host_record"]["peak_flops_after"] == 1.0e15
 
 
 def test_a_measured_peak_no_run_beat_stands(tmp_path: Path) -> None:
@@ -115,8 +134,8 @@ def test_real_runs_beating_a_stored_peak_raise_it_and_no_mfu_exceeds_one(tmp_pat
     pick = plan[(plan.nodes == 1) & (plan.model == "tiny-4l") & (plan.pp == 1)]
     run_dirs = render_runs(spec, pd.DataFrame(pick), tmp_path)
     assert len(run_dirs) == 2  # DP2 and TP2
-    low = store_peak(peak_file(tmp_path, "fp32", 2, cpu_threads_per_rank(2)), 1.0e6,
-                     "measured:cpu-matmul-fp32 (stored low by the test)")
+    path = peak_file(tmp_path, "fp32", 2, cpu_threads_per_rank(2))
+    low = store_peak(path, 1.0e6, f"measured:cpu-matmul-fp32 (stored low by the test; peaks/{path.name})")
     results = backend.run_local(run_dirs, slots=2)
     assert [r.state for r in results] == ["COMPLETED", "COMPLETED"]
     assert main(["collect", str(tmp_path)]) == 0
@@ -131,3 +150,5 @@ def test_real_runs_beating_a_stored_peak_raise_it_and_no_mfu_exceeds_one(tmp_pat
         assert max(mfu_columns(row)) <= 1.0
     assert max(max(mfu_columns(row)) for row in rows) == 1.0  # the fastest run set the peak
     assert (tmp_path / "peaks" / "raised.json").exists()
+    host = read_host_record(host_record_file(path.name))  # the host record rose to the fastest run
+    assert host is not None and host["peak_flops"] == rows[0]["peak_flops"]
