@@ -119,7 +119,7 @@ def slurm_cluster() -> None:
 
     if slurm_available():
         return
-    message = "no Slurm cluster answers `scontrol ping`: run `sudo scripts/local-slurm.sh start`"
+    message = "no Slurm cluster answers `scontrol ping`: run `bash scripts/local-slurm.sh start` as root"
     if os.environ.get("SWEEP_REQUIRE_SLURM") == "1":
         pytest.fail(message)
     pytest.skip(message)
