@@ -276,9 +276,13 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
                      "reduce-scatter to the step's last micro-batch")
     if budget is not None:
         source = limit.device.source if limit is not None else spec.gpu
+        # a CPU rank's share of host memory is judged on the tensors it holds (space.evaluate)
+        tensors = limit is not None and limit.device.host_share
+        judged = estimate.allocated_bytes if tensors else estimate.total_bytes
         lines.append(f"budget: {budget / GiB:.2f} GiB ({source}, headroom "
                      f"{spec.constraints.memory_headroom:.0%}) → fits with "
-                     f"{(budget - estimate.total_bytes) / GiB:.2f} GiB to spare")
+                     f"{(budget - judged) / GiB:.2f} GiB to spare"
+                     + (" (the live tensors against a rank's share)" if tensors else ""))
     return "\n".join(lines)
 
 

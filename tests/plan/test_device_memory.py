@@ -133,3 +133,13 @@ def test_host_memory_reads_meminfo(tmp_path: Any) -> None:
     meminfo.write_text("MemTotal:       16318508 kB\nMemFree: 1 kB\n")
     assert device_memory.host_memory_bytes(str(meminfo)) == 16318508 * 1024
     assert device_memory.host_memory_bytes(str(tmp_path / "none")) is None
+
+
+def test_explain_names_the_limit_source_and_judges_the_tensors(sources: Any) -> None:
+    from sweep.plan.plan_summary import explain
+
+    spec = cpu_spec(run={"mem": "800M"})
+    frame = space.plan(spec)
+    shown = explain(spec, frame, str(frame["run_id"].dropna().iloc[0]))
+    assert "budget: 0.78 GiB (run.mem: 800M per node / 1 rank(s) per node, headroom 0%)" in shown
+    assert shown.endswith("(the live tensors against a rank's share)")
