@@ -173,7 +173,8 @@ def framework_prunes(spec: Spec, frame: pd.DataFrame) -> list[str]:
     """One line per capability rule that pruned something: how many, and the framework's reason."""
     if "prune_detail" not in frame:
         return []
-    details = frame["prune_detail"].dropna().value_counts()
+    by_framework = frame["status"] == "pruned:framework"  # memory prunes carry details too
+    details = frame.loc[by_framework, "prune_detail"].dropna().value_counts()
     details = details[details > 0]
     if details.empty:
         return []

@@ -94,6 +94,7 @@ def test_sweep_frameworks_prints_every_version_and_rule(capsys: pytest.CaptureFi
 def test_the_planner_prunes_what_the_framework_cannot_run_and_says_why() -> None:
     """Megatron has no GPipe schedule: a gpipe row would run 1F1B under a gpipe label."""
     from sweep.plan import space
+    from sweep.plan.plan_summary import framework_prunes
     from sweep.plan.spec import parse_spec
 
     spec = parse_spec("""
@@ -110,8 +111,13 @@ axes: {tp: [1, 2], pp: [1, 2], mbs: [1], zero_stage: [1], pp_schedule: [1f1b, gp
     assert len(gpipe) and (gpipe["status"] == "pruned:framework").all()
     assert gpipe["prune_detail"].str.startswith("gpipe_schedule: ").all()
     assert "GPipe" in str(gpipe["prune_detail"].iloc[0])
-    others = frame[frame["status"] != "pruned:framework"]
+    others = frame[~frame["status"].isin(["pruned:framework", "pruned:memory"])]
     assert others["prune_detail"].isna().all()
+    by_memory = frame[frame["status"] == "pruned:memory"]  # the limit and its source
+    assert by_memory["prune_detail"].str.startswith(
+        "memory: the predicted peak per rank is over ").all()
+    assert by_memory["prune_detail"].str.endswith("(the catalog's h100-sxm)").all()
+    assert all("memory:" not in line for line in framework_prunes(spec, frame))
     assert (frame["status"] == "kept").any()
 
 
