@@ -83,7 +83,7 @@ use (`_Fabric`); `features` lays them out in FEATURES order.
 
 Pure: no I/O. Coefficients are fitted by `sweep.calibration.throughput_fit`; how well the model predicts, in
 sample and on a model it was not fitted on, is measured by `sweep calibrate`, `sweep replay --cv
-model` and the benchmarks, and reported in the README ("Sweep economy").
+model` and the benchmarks, and reported in docs/search.md ("Sweep economy").
 """
 
 from __future__ import annotations

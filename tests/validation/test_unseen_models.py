@@ -1,7 +1,7 @@
 """The throughput prior on the playbook models no fit saw (3B, 80B), through the heatmap's winners.
 
 The hand-written cases run everywhere; the figures need $SWEEP_REFDATA (conftest's `refdata`) and
-are the ones measured with the committed prior (README, "Throughput on models no fit saw").
+are the ones measured with the committed prior (docs/validation.md, "Models no fit saw").
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sweep.calibration.throughput_fit import default_prior
 from sweep.core.catalog import get_model
 from sweep.models.flops import flops_per_token
+from sweep.plan.predictions import default_prior
 from sweep.plan.spec import Spec, load_spec
 from sweep.validation.unseen_models import (
     HEATMAP_FILE,
@@ -98,7 +98,7 @@ def test_the_80b_ten_times_the_largest_fitted_model_is_predicted_within_a_fifth(
     """Measured below 64 nodes (pipelines of 64-256 micro-batches): 7.2 % median, 16.2 % at
     worst, with no sign to the error; each of those winners is among the plan's eight fastest
     of its cell, which the default shortlist runs. (The 64-node winner, on the degraded
-    fabric, ranks 22nd: README, Throughput on models no fit saw.)"""
+    fabric, ranks 22nd: docs/validation.md, "Models no fit saw".)"""
     figures = summary(scored).loc["playbook-80b"]
     assert figures.cells == 4 and figures.median_abs_error < 0.08
     assert figures.max_abs_error < 0.20 and abs(figures.median_signed_error) < 0.05
