@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep_dir", type=Path, help="the sweep folder")
     choices = [c for c in (*OUTCOMES, NEVER_SUBMITTED) if c != "completed"]
     parser.add_argument("--only", type=classes(choices), default=None, metavar="CLASSES",
-                        help=f"comma-separated classes to resubmit, of: {','.join(choices)} "
+                        help=f"comma-separated classes to resubmit, of: {', '.join(choices)} "
                              "(default: all but oom)")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="do not refit the memory model on the sweep's attempts and "
