@@ -25,7 +25,6 @@ says where a SIGTERM or Ctrl-C stopped it (sweep.backends.slurm.submit_record).
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,21 +65,9 @@ def classes(allowed: list[str]):  # noqa: ANN201 - an argparse type
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.backends.slurm.submit_record import Stopped, SubmitSession
+    from sweep.backends.slurm.submit_record import run_in_session
 
-    with SubmitSession("resume") as session:
-        try:
-            return _run(args, session)
-        except UserError as error:
-            session.failed(error)
-            raise
-        except Stopped as stop:
-            session.ignore_signals()
-            session.stopped(stop)
-            print(f"sweep resume: stopped by {stop.name} during {session.phase}; "
-                  f"`sweep resume {args.sweep_dir}` finishes the sweep", file=sys.stderr,
-                  flush=True)
-            return stop.exit_code
+    return run_in_session("resume", lambda session: _run(args, session), folder=args.sweep_dir)
 
 
 def _run(args: argparse.Namespace, session: SubmitSession) -> int:

@@ -84,22 +84,9 @@ def sweep_folder(target: Path, out: Path | None) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.backends.slurm.submit_record import Stopped, SubmitSession
+    from sweep.backends.slurm.submit_record import run_in_session
 
-    with SubmitSession("submit") as session:
-        try:
-            return _run(args, session)
-        except UserError as error:
-            session.failed(error)
-            raise
-        except Stopped as stop:
-            session.ignore_signals()
-            session.stopped(stop)
-            finish = (f"; `sweep resume {session.folder}` finishes the sweep"
-                      if session.folder is not None else "; nothing was submitted")
-            print(f"sweep submit: stopped by {stop.name} during {session.phase}{finish}",
-                  file=sys.stderr, flush=True)
-            return stop.exit_code
+    return run_in_session("submit", lambda session: _run(args, session))
 
 
 def _run(args: argparse.Namespace, session: SubmitSession) -> int:

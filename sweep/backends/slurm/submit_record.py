@@ -29,10 +29,12 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final
 
+from sweep.core.errors import UserError
 from sweep.core.state import atomic_write_json, read_json
 
 SUBMIT_FILE: Final = "submit.json"
@@ -189,6 +191,28 @@ class SubmitSession:
             self._log = open(self.folder / SUBMIT_LOG, "a", encoding="utf-8")  # noqa: SIM115
             for tee in self._tees:
                 tee.attach(self._log)
+
+
+def run_in_session(command: str, step: Callable[[SubmitSession], int],
+                   folder: Path | None = None) -> int:
+    """Run `sweep COMMAND`'s work (submit or resume) in a SubmitSession: a user error is recorded
+    before it propagates; a stop signal is recorded and said in one line, with the command that
+    finishes the sweep (in `folder` until the session knows its own), and sets the exit code."""
+    with SubmitSession(command) as session:
+        try:
+            return step(session)
+        except UserError as error:
+            session.failed(error)
+            raise
+        except Stopped as stop:
+            session.ignore_signals()
+            session.stopped(stop)
+            where = session.folder or folder
+            finish = (f"; `sweep resume {where}` finishes the sweep" if where is not None
+                      else "; nothing was submitted")
+            print(f"sweep {command}: stopped by {stop.name} during {session.phase}{finish}",
+                  file=sys.stderr, flush=True)
+            return stop.exit_code
 
 
 def read_submit(folder: Path) -> dict[str, Any]:
