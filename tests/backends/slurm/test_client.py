@@ -139,7 +139,7 @@ def test_live_a_node_whose_slurmd_died_is_unhealthy_until_it_is_back(slurm_clust
 
     if os.geteuid() != 0:
         pytest.skip("killing a node's slurmd needs root (scripts/local-slurm.sh kill-node)")
-    script = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm.sh"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "local-slurm.sh"
     slurm = Slurm()
 
     def unhealthy_within(seconds: float, until: Callable[[set[str]], bool]) -> set[str]:
