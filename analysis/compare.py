@@ -37,6 +37,7 @@ MATCH_KEY: Final = (*CELL, *WORK_COLUMNS, *LAYOUT_COLUMNS)
 STEP_TIME: Final = "step_time_mean_s"
 # The metrics a reference may name, and whether a larger value is better.
 HIGHER_IS_BETTER: Final = {STEP_TIME: False, "tokens_per_sec_per_gpu": True, "tokens_per_sec": True}
+HIGHER_BETTER_METRICS: Final = tuple(m for m, higher in HIGHER_IS_BETTER.items() if higher)
 DEFAULT_METRIC: Final = STEP_TIME
 DEFAULT_ALPHA: Final = 0.05
 # Default relative tolerance by device (docs/compare.md says why): ±5 % on GPUs, the usual
@@ -143,7 +144,7 @@ def _best_per_cell(run_refs: pd.DataFrame, expected: pd.DataFrame) -> pd.DataFra
     rows = run_refs[[tuple(k) not in explicit for k in run_refs[list(CELL)].to_numpy().tolist()]]
     if rows.empty:
         return rows.assign(level="cell")
-    better_first = rows.assign(_key=np.where(rows["metric"].map(HIGHER_IS_BETTER).astype(bool),
+    better_first = rows.assign(_key=np.where(rows["metric"].isin(HIGHER_BETTER_METRICS),
                                              -rows["value"], rows["value"]))
     best = better_first.sort_values("_key", na_position="last", kind="stable") \
         .drop_duplicates(list(CELL)).drop(columns="_key")
@@ -198,13 +199,14 @@ def _verdicts(merged: pd.DataFrame, alpha: float) -> pd.DataFrame:
     cur_value = _current_value(merged).to_numpy(dtype=float)
     ref_ok = has_ref & np.isfinite(ref_value)
     cur_ok = has_cur & merged["cur_ok"].fillna(False).astype(bool).to_numpy() & np.isfinite(cur_value)
-    higher = merged["ref_metric"].map(HIGHER_IS_BETTER).fillna(False).astype(bool).to_numpy()
+    higher = merged["ref_metric"].isin(HIGHER_BETTER_METRICS).to_numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         change = np.where(ref_ok & cur_ok, cur_value / ref_value - 1.0, np.nan)
     lower = pd.to_numeric(merged["ref_lower"], errors="coerce").to_numpy(dtype=float)
     upper = pd.to_numeric(merged["ref_upper"], errors="coerce").to_numpy(dtype=float)
-    above = np.isfinite(upper) & (change > upper)
-    below = np.isfinite(lower) & (change < lower)
+    # The bounds as values, as ReFrame checks them: a change of exactly the tolerance is inside.
+    above = np.isfinite(upper) & (cur_value > ref_value * (1.0 + upper))
+    below = np.isfinite(lower) & (cur_value < ref_value * (1.0 + lower))
     worse, better = np.where(higher, below, above), np.where(higher, above, below)
     p_value, test = _significance(merged, ref_ok & cur_ok)
     significant = ~np.isfinite(p_value) | (p_value < alpha)

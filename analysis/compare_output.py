@@ -171,7 +171,9 @@ def draw_figure(comparison: Comparison, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = runs_frame(comparison)
-    cells = list(dict.fromkeys(zip(runs["model"].astype(str), runs["nodes"].astype(str))))
+    ordered = runs.assign(_nodes=pd.to_numeric(runs["nodes"], errors="coerce")) \
+        .sort_values(["model", "_nodes"], kind="stable")
+    cells = list(dict.fromkeys(zip(ordered["model"].astype(str), ordered["nodes"].astype(str))))
     position = {cell: i for i, cell in enumerate(cells)}
     y = np.array([position[c] for c in zip(runs["model"].astype(str), runs["nodes"].astype(str))],
                  dtype=float)
@@ -198,8 +200,10 @@ def draw_figure(comparison: Comparison, path: Path) -> None:
                            if len(cells) <= 60 else [""] * len(cells))
         ax.set_ylim(len(cells) - 0.5, -0.5)
         ax.set_xlim(-reach, reach * (_NOT_PLOTTED_AT + 0.05))
-        ax.set_xlabel("Change of the compared metric (%): step time, + = slower "
-                      "(× at the right: missing, failing or new)")
+        step_only = bool(runs["metric"].eq("step_time_mean_s").all())
+        ax.set_xlabel(("Step-time change (%), + = slower" if step_only
+                       else "Change of each reference's metric (%)")
+                      + "; × at the right: missing, failing or new")
         ax.set_title(_title(comparison))
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         fig.savefig(path, dpi=DPI // 2)
@@ -219,5 +223,5 @@ def _title(comparison: Comparison) -> str:
     counts = comparison.counts()
     slower = sum(counts.get(s, 0) for s in REGRESSIONS)
     new = counts.get(NEW, 0)
-    return (f"{comparison.current} vs {comparison.baseline}: {slower} regression(s) of "
-            f"{len(comparison.runs) - new} configuration(s)")
+    return (f"Current vs baseline: {slower} regression(s) in {len(comparison.runs) - new} "
+            "configuration(s)" + (f", {new} new" if new else ""))

@@ -1,7 +1,8 @@
 """References files: a good sweep's figures, kept as the baseline of `sweep compare`.
 
-One row per configuration (every column of analysis.compare.MATCH_KEY: the cell, the work per
-step and the layout) or per cell (`model` and `nodes` only: the cell's best configuration), each
+One row per configuration (the columns of analysis.compare.MATCH_KEY: the cell, the work per
+step and the layout; cp, ep, recompute, sp, pp_schedule and vpp may be left empty, as runs tables
+that do not record them leave them) or per cell (`model` and `nodes` only: the cell's best configuration), each
 with a metric, its reference value and relative tolerances in the ReFrame convention: the value
 may range over [value·(1+lower), value·(1+upper)], `lower` ≤ 0 ≤ `upper`, null (an empty CSV
 field) = unbounded on that side. `std` and `n` (the steps' sample standard deviation and count)
@@ -27,13 +28,16 @@ from analysis.compare import (
     expected_from_runs,
 )
 from sweep.core.errors import UserError
-from sweep.core.layout import CELL, LAYOUT_INT_COLUMNS
+from sweep.core.layout import CELL, LAYOUT_INT_COLUMNS, PLAYBOOK_LAYOUT_COLUMNS
 
 FORMAT_VERSION: Final = 1
 SUFFIXES: Final = (".yaml", ".yml", ".csv")
 FILE_COLUMNS: Final = (*MATCH_KEY, "run_id", "layout_label", "metric", "value", "lower", "upper",
                        "std", "n")
 _RUN_ONLY: Final = tuple(c for c in MATCH_KEY if c not in CELL)
+# What a configuration's reference must give; the other layout columns may be null, as in runs
+# tables that do not record them (the playbook's), and then match a null.
+_RUN_REQUIRED: Final = ("seq_len", "global_batch_sequences", *PLAYBOOK_LAYOUT_COLUMNS)
 _INTEGERS: Final = ("nodes", "seq_len", "global_batch_sequences", *LAYOUT_INT_COLUMNS)
 _FIX: Final = "see docs/compare.md, \"References files\""
 
@@ -115,10 +119,10 @@ def _validated(path: Path, place: str, record: Any) -> dict[str, Any]:
         if row[field] in (None, ""):
             raise fail(field, "missing: every reference names its model and node count")
     given = [c for c in _RUN_ONLY if row[c] not in (None, "")]
-    if given and len(given) < len(_RUN_ONLY):
-        absent = [c for c in _RUN_ONLY if c not in given]
+    absent = [c for c in _RUN_REQUIRED if c not in given]
+    if given and absent:
         raise fail(absent[0], "missing: a configuration's reference gives every one of "
-                   f"{', '.join(_RUN_ONLY)} (a cell's reference gives none of them)")
+                   f"{', '.join(_RUN_REQUIRED)} (a cell's reference gives none of the layout)")
     for field in _INTEGERS:
         if row.get(field) not in (None, ""):
             row[field] = _integer(row[field], lambda problem, f=field: fail(f, problem))

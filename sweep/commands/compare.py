@@ -90,9 +90,16 @@ def _write_references(path: Path, source: Path, tolerance: float | None) -> int:
 
 
 def _runs_path(source: Path) -> Path:
-    from analysis.sweep_report import runs_file
+    """A sweep folder's runs.parquet, or the file given (as `sweep report` finds it; not
+    imported from analysis.sweep_report, which would import the whole report)."""
+    from sweep.collect.attempts import RUNS_FILE
+    from sweep.core.errors import UserError
 
-    return runs_file(source)
+    path = source / RUNS_FILE if source.is_dir() else source
+    if not path.is_file():
+        hint = "run `sweep collect` first" if source.is_dir() else "pass a sweep folder or a runs.parquet"
+        raise UserError(f"{path}: no such file; {hint}")
+    return path
 
 
 def _read_runs(path: Path) -> pd.DataFrame:
