@@ -7,6 +7,11 @@
 #   scripts/local-slurm.sh status           sinfo of the nodes, and the daemons this script owns
 #   scripts/local-slurm.sh kill-node NAME   SIGKILL one slurmd (a node failure, for tests)
 #   scripts/local-slurm.sh restart-node NAME
+#   scripts/local-slurm.sh throttle-node NAME PERCENT
+#                                           a simulation of a slow link: the node's slurmd, and
+#                                           every job step it starts from now on, get PERCENT %
+#                                           of one CPU (a cgroup v1 cpu quota with a 1 ms slice)
+#   scripts/local-slurm.sh unthrottle-node NAME   undo it (its processes back, the cgroup gone)
 #
 # Nodes are `node1..nodeN`, each its own slurmd (Debian builds Slurm with MULTIPLE_SLURMD) on
 # 127.0.0.1 with its own port. Nothing in the product depends on this cluster; it is a stand-in
@@ -29,6 +34,7 @@ LOG_DIR=/var/log/local-slurm
 RUN_DIR=/run/local-slurm
 OWNED=$RUN_DIR/owned
 BASE_PORT=17000
+THROTTLE_ROOT=/sys/fs/cgroup/cpu  # cgroup v1's cpu controller, for throttle-node
 HOSTS_BEGIN="# BEGIN local-slurm"
 HOSTS_END="# END local-slurm"
 
@@ -354,6 +360,9 @@ cmd_stop() {
   for dir in /sys/fs/cgroup/*/slurm_node*; do
     if [[ -d $dir ]]; then rmdir "$dir" 2>/dev/null || true; fi
   done
+  for dir in "$THROTTLE_ROOT"/local-slurm-throttle-*; do
+    [[ -d $dir ]] && cmd_unthrottle_node "${dir##*-}"
+  done
   hosts_block remove
   if [[ ${SLURM_LOCAL_PURGE_STATE:-0} == 1 ]]; then rm -rf "$STATE_DIR" "$LOG_DIR"; fi
   log "stopped"
@@ -382,6 +391,42 @@ cmd_kill_node() {
   log "killed slurmd of $node (pid $pid)"
 }
 
+throttle_dir() { echo "$THROTTLE_ROOT/local-slurm-throttle-$1"; }
+
+cmd_throttle_node() {  # a simulation of a slow link: a CPU quota on one node's slurmd and its jobs
+  require_root throttle-node
+  local node percent dir pid
+  node=$(node_arg "${1:-}")
+  percent=${2:-}
+  [[ $percent =~ ^[0-9]+$ ]] && ((percent >= 1 && percent <= 99)) \
+    || die "throttle-node $node PERCENT: PERCENT is the share of one CPU left to the node, 1 to 99 (got '$percent')"
+  [[ -f $THROTTLE_ROOT/cpu.cfs_quota_us ]] || die "no cgroup v1 cpu controller at $THROTTLE_ROOT: throttle-node needs one"
+  [[ -s $RUN_DIR/slurmd-$node.pid ]] || die "no slurmd running for $node"
+  pid=$(<"$RUN_DIR/slurmd-$node.pid")
+  pid_alive "$pid" || die "the slurmd of $node (pid $pid) is not running"
+  dir=$(throttle_dir "$node")
+  mkdir -p "$dir"
+  # 1 ms of CPU per period (the kernel's smallest quota), the period sized to the share: the
+  # node runs in slices of 1 ms, so even a 10 ms all-reduce is slowed, not only long bursts.
+  echo $((100000 / percent)) >"$dir/cpu.cfs_period_us"
+  echo 1000 >"$dir/cpu.cfs_quota_us"
+  echo "$pid" >"$dir/cgroup.procs"
+  log "throttled $node to $percent % of one CPU (a simulation of a slow link; undo: $0 unthrottle-node $node)"
+}
+
+cmd_unthrottle_node() {
+  require_root unthrottle-node
+  local node dir pid
+  node=$(node_arg "${1:-}")
+  dir=$(throttle_dir "$node")
+  [[ -d $dir ]] || return 0
+  while read -r pid; do  # the slurmd and whatever it started meanwhile
+    [[ -n $pid ]] && { echo "$pid" >"$THROTTLE_ROOT/cgroup.procs"; } 2>/dev/null || true
+  done <"$dir/cgroup.procs"
+  rmdir "$dir" 2>/dev/null || die "could not remove $dir (processes left in it: $(tr '\n' ' ' <"$dir/cgroup.procs"))"
+  log "unthrottled $node"
+}
+
 cmd_restart_node() {
   require_root restart-node
   local node
@@ -396,5 +441,7 @@ case ${1:-} in
   status) cmd_status ;;
   kill-node) cmd_kill_node "${2:-}" ;;
   restart-node) cmd_restart_node "${2:-}" ;;
-  *) echo "usage: $0 start|stop|status|kill-node NODE|restart-node NODE" >&2; exit 2 ;;
+  throttle-node) cmd_throttle_node "${2:-}" "${3:-}" ;;
+  unthrottle-node) cmd_unthrottle_node "${2:-}" ;;
+  *) echo "usage: $0 start|stop|status|kill-node NODE|restart-node NODE|throttle-node NODE PERCENT|unthrottle-node NODE" >&2; exit 2 ;;
 esac

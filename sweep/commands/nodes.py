@@ -1,11 +1,14 @@
-"""`sweep nodes DIR [--forgive NODES] [--exclude NODES]`: the nodes a sweep avoids, and why.
+"""`sweep nodes DIR [--forgive NODES] [--exclude NODES] [--check]`: the nodes a sweep avoids, and why.
 
 A node with two node failures or NCCL errors is excluded from the sweep's later submissions
 (`bad_nodes.json`, kept up to date by `sweep status`, `submit` and `resume`). This command lists
 every node that failed or is excluded (`counting`: its failures since it was last forgiven),
 gives a repaired node another chance (`--forgive`: its failures so far stop counting, two new
-ones exclude it again) or keeps one out by hand (`--exclude`). It reads and writes only the sweep
-folder: no Slurm command runs.
+ones exclude it again) or keeps one out by hand (`--exclude`). These read and write only the
+sweep folder: no Slurm command runs. `--check` runs the fabric check first
+(sweep.backends.slurm.fabric_check: an all-reduce job per node and per pair of nodes; a node
+below `--fraction` of the median bus bandwidth is excluded with its figure as the reason), and
+the last check's figures (fabric.json) are listed with the nodes.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sweep.commands._fabric import add_fabric_options, check_fabric, print_fabric_table
 from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
@@ -32,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "gpu[03-04],gpu09; repeatable)")
     parser.add_argument("--exclude", action="append", default=[], metavar="NODES",
                         help="keep nodes out of later submissions (a Slurm host list; repeatable)")
+    parser.add_argument("--check", action="store_true",
+                        help="run the fabric check on the cluster first: an all-reduce job per "
+                             "node and per pair of nodes; the nodes below --fraction of the "
+                             "median bus bandwidth are excluded")
+    add_fabric_options(parser, prefix="")
 
 
 def node_names(flag: str, values: Sequence[str]) -> list[str]:
@@ -58,6 +67,8 @@ def describe(record: NodeRecord) -> str:
     def at(seconds: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
+    if record.excluded_at is not None and record.reason:
+        return f"excluded since {at(record.excluded_at)}, {record.reason}"
     if record.excluded_at is not None:
         why = "by hand" if record.excluded_by_hand() else f"after {record.counted} failures"
         return f"excluded {why} since {at(record.excluded_at)}"
@@ -74,7 +85,11 @@ def run(args: argparse.Namespace) -> int:
     both = sorted(set(forgive) & set(exclude))
     if both:
         raise UserError(f"{','.join(both)}: both in --forgive and --exclude; choose one")
+    if args.check and (forgive or exclude):
+        raise UserError("--check runs the fabric check; run --forgive and --exclude on their own")
     tracker = Tracker(args.sweep_dir)
+    if args.check:
+        check_fabric(tracker, args, prefix="")
     if forgive:
         excluded = set(tracker.excluded())
         unknown = [node for node in forgive if node not in excluded]
@@ -88,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
               f"later submissions exclude: {','.join(changed.exclude) or 'none'}")
         return 0
     records = tracker.nodes()
+    print_fabric_table(tracker.dir)
     if not records:
         print(f"{tracker.dir.name}: no node has failed, none is excluded")
         return 0

@@ -18,6 +18,10 @@ Before anything is submitted the sweep's estimated and worst-case GPU-hours are 
 sweep.plan.budget.CONFIRM_ABOVE_GPU_HOURS asks first (`--yes`: do not ask); `sweep resume` and
 the driver apply the same rule (sweep.backends.slurm.budget_gate).
 
+`--fabric-check` runs the fabric check after the preflight (sweep.backends.slurm.fabric_check,
+as `sweep nodes --check`): the nodes whose all-reduce bus bandwidth is below the stated
+fraction of the median are excluded before the first array, whatever the strategy.
+
 Nothing of it depends on the login shell (sweep.backends.slurm.submit_record): a SIGHUP during
 the preflight, the submission or the driver's start is noted and ignored; SIGTERM or Ctrl-C stop
 it with a line that says where, and `sweep status` then shows the sweep as half-submitted with
@@ -33,6 +37,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sweep.commands._fabric import add_fabric_options, check_fabric
 from sweep.commands._shared import add_submit_options, add_top_argument, shortlist_top
 from sweep.core.errors import UserError
 from sweep.plan.plan_file import driver_settings
@@ -64,6 +69,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a search: keep the plan's memory verdicts instead of "
                              "refitting the memory model on the sweep's attempts after every "
                              "round (sweep.search.round_calibration)")
+    parser.add_argument("--fabric-check", action="store_true",
+                        help="before the first array, run the fabric check (`sweep nodes "
+                             "--check`): an all-reduce job per node and per pair of nodes; the "
+                             "nodes below --fabric-fraction of the median bus bandwidth are "
+                             "excluded")
+    add_fabric_options(parser, prefix="fabric-")
     add_submit_options(parser)
 
 
@@ -117,6 +128,9 @@ def _run(args: argparse.Namespace, session: SubmitSession) -> int:
 
         session.enter("preflight")
         ensure_passed(folder, args.preflight_timeout, say=lambda line: print(line, flush=True))
+    if args.fabric_check and not args.dry_run:
+        session.enter("fabric check")
+        check_fabric(tracker, args, prefix="fabric-")
     if options is None:
         session.enter("submitting")
         code = _submit_all(folder, tracker, cap, args, started)

@@ -1,8 +1,9 @@
 """A sweep's record of the nodes its runs failed on, and the exclude list built from it.
 
 One file in the sweep folder, `bad_nodes.json`: every node failure seen (run, attempt, kind,
-the nodes blamed and how surely), the nodes excluded from later submissions (since when), and
-those taken out of the list again (forgiven_at; by hand or `sweep nodes --forgive`). The rules,
+the nodes blamed and how surely), the nodes excluded from later submissions (since when, and
+why when a check excluded them: `reasons`, e.g. the fabric check's figure), and those taken out
+of the list again (forgiven_at; by hand or `sweep nodes --forgive`). The rules,
 which failures exclude a node and what forgiving undoes, are pure functions in
 `sweep.backends.slurm.submission` (`update_exclusions`, `change_exclusions`, `node_records`); this module is
 their file. A status poll merges what it saw (`BadNodes.merge`), `sweep nodes` reads and changes
@@ -15,7 +16,7 @@ the file (and its modification time) alone, and a sweep whose nodes never failed
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -45,7 +46,8 @@ class BadNodes:
     def records(self) -> list[NodeRecord]:
         """Every node that failed or is excluded, with its counts and why it is in or out."""
         data = self._read()
-        return node_records(_exclusions_of(data), _failures_of(data.get("failures") or []))
+        return node_records(_exclusions_of(data), _failures_of(data.get("failures") or []),
+                            data.get("reasons") or {})
 
     def merge(self, failures: Sequence[NodeFailure],
               unhealthy: Callable[[], set[str]] = set) -> list[str]:
@@ -70,24 +72,34 @@ class BadNodes:
         self._write(data, exclusions, list(known.values()))
         return list(exclusions.exclude)
 
-    def change(self, *, forgive: Sequence[str] = (), exclude: Sequence[str] = ()) -> NodeExclusions:
-        """Forgive nodes (back into use; their failures so far stop counting) or exclude them.
-        The caller holds the sweep's submit lock, so that no submission reads a half-made change."""
+    def change(self, *, forgive: Sequence[str] = (), exclude: Sequence[str] = (),
+               reasons: Mapping[str, str] | None = None) -> NodeExclusions:
+        """Forgive nodes (back into use; their failures so far stop counting) or exclude them,
+        each with the reason in `reasons` when there is one (the fabric check's figure), which
+        `sweep nodes` shows; forgiving a node drops its reason. The caller holds the sweep's
+        submit lock, so that no submission reads a half-made change."""
         data = self._read()
         changed = change_exclusions(_exclusions_of(data), forgive=forgive, exclude=exclude,
                                     now=time.time())
-        self._write(data, changed, list(data.get("failures") or []))
+        self._write(data, changed, list(data.get("failures") or []),
+                    {**(data.get("reasons") or {}), **(reasons or {})})
         return changed
 
     def _read(self) -> dict[str, Any]:
         return read_json(self.path) or {}
 
     def _write(self, before: dict[str, Any], exclusions: NodeExclusions,
-               failures: list[dict[str, Any]]) -> None:
+               failures: list[dict[str, Any]], reasons: Mapping[str, str] | None = None) -> None:
         """Write the file, unless it would stay as `before` (what was read from it) or, with
-        no file yet, would hold nothing."""
-        updated = {"exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
-                   "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
+        no file yet, would hold nothing. The reasons (`before`'s, unless given) are kept for
+        the nodes still excluded only."""
+        updated: dict[str, Any] = {
+            "exclude": list(exclusions.exclude), "excluded_at": dict(exclusions.excluded_at),
+            "forgiven_at": dict(exclusions.forgiven_at), "failures": failures}
+        given = (before.get("reasons") or {}) if reasons is None else reasons
+        kept = {node: why for node, why in given.items() if node in exclusions.exclude}
+        if kept:
+            updated["reasons"] = kept
         if updated != before and (before or any(updated.values())):
             atomic_write_json(self.path, updated)
 

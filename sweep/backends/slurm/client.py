@@ -141,6 +141,14 @@ def parse_unhealthy_nodes(text: str) -> set[str]:
     return nodes
 
 
+def parse_usable_nodes(text: str) -> list[str]:
+    """The nodes of `sinfo -h -N -o '%N|%T'` that can run a job (none of the unhealthy states
+    of `parse_unhealthy_nodes`), sorted and each once (sinfo lists a node once per partition)."""
+    unhealthy = parse_unhealthy_nodes(text)
+    names = {line.strip().partition(SEP)[0] for line in text.splitlines() if line.strip()}
+    return sorted(name for name in names if name and name not in unhealthy)
+
+
 def chunks(items: Sequence[str], size: int = QUERY_CHUNK) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -180,6 +188,12 @@ class Slurm:
     def unhealthy_nodes(self) -> set[str]:
         """Nodes Slurm now holds down, drained, failing or not responding (one sinfo call)."""
         return parse_unhealthy_nodes(self._call(["sinfo", "-h", "-N", "-o", f"%N{SEP}%T"]).stdout)
+
+    def usable_nodes(self, partition: str | None = None) -> list[str]:
+        """The nodes of `partition` (default: every partition) that can run a job now."""
+        argv = ["sinfo", "-h", "-N", "-o", f"%N{SEP}%T", *([f"--partition={partition}"]
+                                                          if partition else [])]
+        return parse_usable_nodes(self._call(argv).stdout)
 
     def job_count(self, user: str | None = None) -> int:
         """Jobs slurmctld holds now (every array task counts, and `-t all` adds the finished ones

@@ -442,20 +442,24 @@ class NodeRecord:
     counted: int  # of those, the ones seen since it was last forgiven
     excluded_at: float | None
     forgiven_at: float | None
+    reason: str | None = None  # why a check excluded it (the fabric check's figure)
 
     def excluded_by_hand(self, threshold: int = BAD_NODE_THRESHOLD) -> bool:
         return self.excluded_at is not None and self.counted < threshold
 
 
 def node_records(exclusions: NodeExclusions,
-                 failures: Sequence[tuple[NodeFailure, float]]) -> list[NodeRecord]:
-    """Every node that failed or is excluded, by name."""
+                 failures: Sequence[tuple[NodeFailure, float]],
+                 reasons: Mapping[str, str] | None = None) -> list[NodeRecord]:
+    """Every node that failed or is excluded, by name, with the reason a check gave for
+    excluding it (`reasons`)."""
     total = bad_nodes((f for f, _ in failures), threshold=1)
     counted = bad_nodes(failures_that_count(failures, exclusions.forgiven_at), threshold=1)
     names = sorted(set(total) | set(exclusions.exclude) | set(exclusions.forgiven_at))
     return [NodeRecord(node, total.get(node, 0), counted.get(node, 0),
                        exclusions.excluded_at.get(node) if node in exclusions.exclude else None,
-                       exclusions.forgiven_at.get(node))
+                       exclusions.forgiven_at.get(node),
+                       (reasons or {}).get(node) if node in exclusions.exclude else None)
             for node in names]
 
 

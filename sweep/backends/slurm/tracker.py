@@ -26,7 +26,7 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -250,12 +250,12 @@ class Tracker(SweepFolder):
         """Every node that failed or is excluded, as bad_nodes.json records it (no Slurm call)."""
         return self.bad_nodes.records()
 
-    def change_exclusions(self, *, forgive: Sequence[str] = (),
-                          exclude: Sequence[str] = ()) -> NodeExclusions:
-        """Forgive nodes (back into use; their failures so far stop counting) or exclude them,
-        under the submit lock."""
+    def change_exclusions(self, *, forgive: Sequence[str] = (), exclude: Sequence[str] = (),
+                          reasons: Mapping[str, str] | None = None) -> NodeExclusions:
+        """Forgive nodes (back into use; their failures so far stop counting) or exclude them
+        (with a check's `reasons`), under the submit lock."""
         with self.lock():
-            return self.bad_nodes.change(forgive=forgive, exclude=exclude)
+            return self.bad_nodes.change(forgive=forgive, exclude=exclude, reasons=reasons)
 
 
 @dataclass
