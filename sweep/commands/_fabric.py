@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sweep.backends.slurm.tracker import Tracker
 
-FRACTION_HELP = ("the fabric check excludes a node whose all-reduce bus bandwidth (or that of "
+FRACTION_HELP = ("the fabric check excludes a node whose all_reduce bus bandwidth (or that of "
                  "every pair it is in) is below F times the median (default %(default)s)")
 
 

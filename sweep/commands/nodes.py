@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exclude", action="append", default=[], metavar="NODES",
                         help="keep nodes out of later submissions (a Slurm host list; repeatable)")
     parser.add_argument("--check", action="store_true",
-                        help="run the fabric check on the cluster first: an all-reduce job per "
+                        help="run the fabric check on the cluster first: an all_reduce job per "
                              "node and per pair of nodes; the nodes below --fraction of the "
                              "median bus bandwidth are excluded")
     add_fabric_options(parser, prefix="")

@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "round (sweep.search.round_calibration)")
     parser.add_argument("--fabric-check", action="store_true",
                         help="before the first array, run the fabric check (`sweep nodes "
-                             "--check`): an all-reduce job per node and per pair of nodes; the "
+                             "--check`): an all_reduce job per node and per pair of nodes; the "
                              "nodes below --fabric-fraction of the median bus bandwidth are "
                              "excluded")
     add_fabric_options(parser, prefix="fabric-")
