@@ -128,7 +128,9 @@ def _run(args: argparse.Namespace, session: SubmitSession) -> int:
 
         session.enter("preflight")
         ensure_passed(folder, args.preflight_timeout, say=lambda line: print(line, flush=True))
-    if args.fabric_check and not args.dry_run:
+    if args.fabric_check and args.dry_run:
+        print("--dry-run: the fabric check would run here (it submits jobs, so not now)")
+    elif args.fabric_check:
         session.enter("fabric check")
         check_fabric(tracker, args, prefix="fabric-")
     if options is None:

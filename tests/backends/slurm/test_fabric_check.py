@@ -324,6 +324,31 @@ def test_the_fabric_check_finds_the_throttled_node_and_excludes_it_with_its_figu
 
 
 @pytest.mark.slurm
+@pytest.mark.parametrize(("run", "options", "problem"), [
+    ({"python": "/nonexistent/venv/bin/python3"}, [], "ended without a result; its output: "),
+    ({}, ["--check-timeout", "0.1"], "did not finish within 0 s (queued behind other jobs?); "
+                                     "cancelled"),
+])
+def test_probes_that_give_no_figure_are_named_with_why_and_nothing_is_excluded(
+        slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], run: dict[str, str], options: list[str],
+        problem: str) -> None:
+    spec = tiny_cpu_spec(tmp_path / "spec.yaml", sweep_name, global_batch={"sequences": 2},
+                         run={"time_limit": "00:05:00", "mem": "1000M", **run})
+    out = tmp_path / "sweep"
+    assert main(["render", str(spec), "--out", str(out)]) == 0
+    nodes = Slurm().usable_nodes()[:2]
+    assert main(["nodes", str(out), "--check", "--check-nodes", ",".join(nodes), *options]) == 2
+    error = capsys.readouterr().err
+    assert "fabric check: no probe gave a figure" in error
+    assert error.count(problem) == 3, error  # two node probes and their pair
+    assert BadNodes(out).exclude() == [] and not (out / FABRIC_FILE).exists()
+    queued = subprocess.run(["squeue", "-h", "-t", "PD,R", "-o", "%k"], capture_output=True,
+                            text=True, check=True).stdout
+    assert f"sweep-fabric={sweep_name}" not in queued
+
+
+@pytest.mark.slurm
 @pytest.mark.slow
 def test_submit_with_fabric_check_excludes_the_throttled_node_from_the_first_array(
         slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path,
