@@ -18,7 +18,8 @@ FRACTION_HELP = ("the fabric check excludes a node whose all_reduce bus bandwidt
 def add_fabric_options(parser: argparse.ArgumentParser, prefix: str) -> None:
     """--{prefix}fraction, --{prefix}check-nodes and --{prefix}check-timeout: `sweep nodes`
     names them plainly, `sweep submit` with prefix "fabric-"."""
-    from sweep.backends.slurm.fabric_check import DEFAULT_FRACTION, DEFAULT_TIMEOUT_S
+    from sweep.backends.slurm.fabric_check import DEFAULT_TIMEOUT_S
+    from sweep.backends.slurm.fabric_decision import DEFAULT_FRACTION
 
     parser.add_argument(f"--{prefix}fraction", type=float, default=DEFAULT_FRACTION, metavar="F",
                         help=FRACTION_HELP)

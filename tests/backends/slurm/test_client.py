@@ -18,6 +18,7 @@ from sweep.backends.slurm.client import (
     parse_sacct,
     parse_squeue,
     parse_unhealthy_nodes,
+    parse_usable_nodes,
 )
 
 
@@ -130,6 +131,11 @@ def test_unhealthy_nodes_are_down_drained_failing_or_not_responding() -> None:
             "gpu07|idle~\ngpu08|fail\ngpu09|allocated+\ngpu10|down$\ngpu11|reserved\ngpu02|down*\n")
     assert parse_unhealthy_nodes(text) == {"gpu02", "gpu03", "gpu04", "gpu06", "gpu08", "gpu10"}
     assert parse_unhealthy_nodes("") == set()
+
+
+def test_usable_nodes_are_the_others_each_once() -> None:
+    text = "n1|idle\nn2|down*\nn3|mixed\nn4|drained\nn5|idle*\nn1|idle\nn6|allocated\n"
+    assert parse_usable_nodes(text) == ["n1", "n3", "n6"]
 
 
 @pytest.mark.slurm

@@ -1,39 +1,23 @@
-"""The fabric check: the all-reduce figures the nccl-tests way, the pairs and rounds, which
-nodes the figures exclude (pure), the probe measuring a real gloo all-reduce on this machine,
-and, live, a node throttled for real (a CPU quota on its slurmd: a simulation of a slow link)
-found and excluded by `sweep nodes --check` and by `sweep submit --fabric-check`."""
+"""The fabric check on Slurm: the job script and its options, the reason bad_nodes.json keeps,
+what `sweep nodes` shows, and, live, a node throttled for real (a CPU quota on its slurmd: a
+simulation of a slow link) found and excluded by `sweep nodes --check` and by `sweep submit
+--fabric-check`."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sweep.backends.slurm.bad_nodes import BadNodes
-from sweep.backends.slurm.client import Slurm, parse_usable_nodes
-from sweep.backends.slurm.fabric_check import (
-    CPU_SIZES,
-    FABRIC_FILE,
-    decide,
-    probe_arguments,
-    probes_for,
-    ring_pairs,
-    sbatch_options,
-    script_text,
-)
-from sweep.backends.slurm.fabric_probe import (
-    bus_factor,
-    size_figures,
-    sizes_between,
-    wait_for_turn,
-)
+from sweep.backends.slurm.client import Slurm
+from sweep.backends.slurm.fabric_check import CPU_SIZES, FABRIC_FILE, sbatch_options, script_text
+from sweep.backends.slurm.fabric_decision import probes_for
 from sweep.backends.slurm.preflight import target_of
 from sweep.cli import main
 from tests.slurm_sweeps import job_path
@@ -42,119 +26,6 @@ from tests.specs import tiny_cpu_spec
 __all__ = ["job_path"]  # a fixture
 
 REPO = Path(__file__).resolve().parents[3]
-HEALTHY = {"n1": 10.0, "n2": 10.5, "n3": 9.8, "n4": 10.2}
-
-
-# The figures ------------------------------------------------------------------------------------
-
-def test_busbw_is_algbw_times_2_n_minus_1_over_n_as_in_nccl_tests() -> None:
-    assert bus_factor(2) == 1.0 and bus_factor(8) == 1.75
-    row = size_figures(8_000_000, [0.004, 0.002, 0.003], ranks=8)
-    assert row["best_s"] == 0.002 and row["median_s"] == 0.003
-    assert row["algbw_gbps"] == pytest.approx(4.0)  # 8 MB in 2 ms
-    assert row["busbw_gbps"] == pytest.approx(7.0)
-
-
-def test_the_sizes_grow_fourfold_up_to_the_largest() -> None:
-    assert sizes_between(64 * 1024, 16 * 1024 * 1024) == [64 * 1024 * 4 ** i for i in range(5)]
-    assert sizes_between(1000, 5000) == [1000, 4000, 5000]
-
-
-def test_every_node_is_in_two_pairs_and_in_one_probe_per_round() -> None:
-    nodes = [f"n{i}" for i in range(5)]
-    probes = probes_for(nodes, gpus_per_node=None)
-    singles = [p for p in probes if p.kind == "node"]
-    pairs = [p for p in probes if p.kind == "pair"]
-    assert [p.nodes for p in singles] == [(n,) for n in nodes] and {p.round for p in singles} == {0}
-    assert all(sum(n in p.nodes for p in pairs) == 2 for n in nodes)
-    for number in {p.round for p in probes}:
-        members = [n for p in probes if p.round == number for n in p.nodes]
-        assert len(members) == len(set(members)), number
-    assert {p.round for p in pairs} == {1, 2, 3}  # an odd ring needs a third round
-    assert ring_pairs(["a", "b"]) == [("a", "b")] and ring_pairs(["a"]) == []
-
-
-def test_on_cpu_a_node_is_two_gloo_ranks_and_a_pair_one_rank_per_node_on_gpus_all_its_gpus() -> None:
-    cpu = probes_for(["a", "b", "c"], gpus_per_node=None)
-    assert {(p.kind, p.ranks_per_node) for p in cpu} == {("node", 2), ("pair", 1)}
-    gpu = probes_for(["a", "b", "c"], gpus_per_node=8)
-    assert {(p.kind, p.ranks_per_node) for p in gpu} == {("node", 8), ("pair", 8)}
-    one_gpu = probes_for(["a", "b", "c"], gpus_per_node=1)
-    assert {p.kind for p in one_gpu} == {"pair"}  # one rank moves no data within a node
-
-
-def test_on_gpus_a_probe_waits_for_its_round_to_be_up_on_cpu_for_every_probe() -> None:
-    """On GPUs the probes of different rounds cannot run at once on a node (each asks for all
-    its GPUs), so waiting for a later round to be up would wait for nothing."""
-    probes = probes_for(["a", "b", "c", "d"], gpus_per_node=8)
-    pair = next(p for p in probes if p.kind == "pair" and p.round == 2)
-
-    def argument(arguments: list[str], flag: str) -> set[str]:
-        return set(filter(None, arguments[arguments.index(flag) + 1].split(",")))
-
-    on_gpus = probe_arguments(pair, probes, all_up=False)
-    assert argument(on_gpus, "--peers") == {p.name for p in probes if p.round == 2} - {pair.name}
-    assert argument(on_gpus, "--after") == {p.name for p in probes if p.round < 2}
-    on_cpu = probe_arguments(pair, probes, all_up=True)
-    assert argument(on_cpu, "--peers") == {p.name for p in probes} - {pair.name}
-
-
-# The decision -----------------------------------------------------------------------------------
-
-def test_a_node_below_the_fraction_of_the_median_is_excluded_with_its_figure_as_the_reason() -> None:
-    decision = decide({**HEALTHY, "n3": 2.5}, {}, fraction=0.7)
-    assert decision.excluded == ["n3"]
-    [slow] = [v for v in decision.verdicts if v.slow]
-    assert slow.reason == ("fabric check: all-reduce busbw 2.5 GB/s within the node < 0.7 x the "
-                           "median 10.1 GB/s")  # of 2.5, 10, 10.2, 10.5
-    assert decision.node_median_gbps == pytest.approx(10.1)
-
-
-def test_the_fraction_is_the_line_a_node_just_above_it_stays() -> None:
-    median = 10.0
-    assert decide({**HEALTHY, "n3": 0.71 * median}, {}, 0.7).excluded == []
-    assert decide({**HEALTHY, "n3": 0.69 * median}, {}, 0.7).excluded == ["n3"]
-    assert decide({**HEALTHY, "n3": 0.69 * median}, {}, 0.5).excluded == []
-
-
-def test_a_node_whose_every_pair_is_slow_is_excluded_though_its_own_figure_is_fine() -> None:
-    """NVLink fine, its InfiniBand link slow: only the pairs show it."""
-    pairs: dict[tuple[str, str], float | None] = {
-        ("n1", "n2"): 20.0, ("n2", "n3"): 5.0, ("n3", "n4"): 5.2, ("n4", "n1"): 19.0}
-    decision = decide(HEALTHY, pairs, 0.7)
-    assert decision.excluded == ["n3"]
-    [slow] = [v for v in decision.verdicts if v.slow]
-    assert "every pair with it (n2-n3 5 GB/s, n3-n4 5.2 GB/s)" in slow.reason
-
-
-def test_a_neighbour_of_a_slow_node_with_one_noisy_pair_more_is_not_excluded() -> None:
-    """n2 is slow, so n1-n2 is slow; n4-n1 is slow too by chance. n1's pairs are both slow,
-    but the slowness follows n2 (its partner in n1-n2 has no good pair) and n4 (n4-n1's partner
-    has a good pair, n3-n4, but the pair n1-n2 is not pinned on n1): n1 stays."""
-    pairs: dict[tuple[str, str], float | None] = {
-        ("n1", "n2"): 4.0, ("n2", "n3"): 4.0, ("n3", "n4"): 20.0, ("n4", "n1"): 5.0}
-    decision = decide({**HEALTHY, "n2": 2.0}, pairs, 0.7)
-    assert decision.excluded == ["n2"]
-
-
-def test_a_slow_link_between_two_healthy_nodes_is_reported_not_pinned_on_either() -> None:
-    pairs: dict[tuple[str, str], float | None] = {
-        ("n1", "n2"): 20.0, ("n2", "n3"): 4.0, ("n3", "n4"): 20.0, ("n4", "n1"): 19.0}
-    decision = decide(HEALTHY, pairs, 0.7)
-    assert decision.excluded == [] and decision.slow_pairs == (("n2", "n3"),)
-
-
-def test_nodes_without_figures_are_not_judged_and_one_figure_compares_with_nothing() -> None:
-    decision = decide({"n1": 10.0, "n2": None, "n3": 1.0, "n4": 11.0}, {}, 0.7)
-    assert decision.excluded == ["n3"] and decision.node_median_gbps == 10.0
-    alone = decide({"n1": 10.0, "n2": None}, {}, 0.7)
-    assert alone.excluded == [] and alone.node_median_gbps is None
-
-
-@pytest.mark.parametrize("fraction", [0.0, 1.0, 1.5, -0.2])
-def test_a_fraction_outside_zero_to_one_is_refused(fraction: float) -> None:
-    with pytest.raises(ValueError, match="between 0 and 1"):
-        decide(HEALTHY, {}, fraction)
 
 
 # The job ------------------------------------------------------------------------------------------
@@ -178,41 +49,6 @@ def test_the_job_script_runs_the_setup_then_the_probe_with_every_value_quoted(tm
     options = sbatch_options(pair, target_of(RUN_JSON), folder, "sweep-fabric=s")
     assert {"--nodes=2", "--ntasks-per-node=1", "--nodelist=a,b", "--partition=debug",
             "--comment=sweep-fabric=s"} <= set(options)
-
-
-def test_sinfo_s_usable_nodes_leave_out_the_down_drained_and_silent_ones() -> None:
-    text = "n1|idle\nn2|down*\nn3|mixed\nn4|drained\nn5|idle*\nn1|idle\nn6|allocated\n"
-    assert parse_usable_nodes(text) == ["n1", "n3", "n6"]
-
-
-def test_a_probe_waits_for_its_peers_to_be_up_and_the_earlier_rounds_to_end(tmp_path: Path) -> None:
-    (tmp_path / "node-a.ready").touch()
-    assert not wait_for_turn(tmp_path, ["node-a", "node-b"], [], wait_s=0.3)
-    (tmp_path / "node-b.failed").touch()  # ended without a result: the login side marked it
-    assert wait_for_turn(tmp_path, ["node-a", "node-b"], [], wait_s=0.3)
-    assert not wait_for_turn(tmp_path, [], ["node-a"], wait_s=0.3)  # up, but not ended
-    (tmp_path / "node-a.json").write_text("{}")
-    assert wait_for_turn(tmp_path, [], ["node-a", "node-b"], wait_s=0.3)
-
-
-def test_the_probe_measures_a_real_gloo_all_reduce_of_two_ranks(tmp_path: Path) -> None:
-    """The program the jobs run, started here as Slurm would start its two tasks."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    argv = [sys.executable, "-m", "sweep.backends.slurm.fabric_probe", "--dir", str(tmp_path),
-            "--name", "node-here", "--min-bytes", "65536", "--max-bytes", "1048576",
-            "--iters", "3"]
-    ranks = [subprocess.Popen(argv, cwd=REPO, env={
-        **os.environ, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}) for rank in range(2)]
-    assert [rank.wait(timeout=120) for rank in ranks] == [0, 0]
-    result = json.loads((tmp_path / "node-here.json").read_text())
-    assert result["backend"] == "gloo" and result["ranks"] == 2 and result["job_id"] == "7"
-    assert [row["bytes"] for row in result["sizes"]] == [65536, 262144, 1048576]
-    assert all(row["iterations"] == 3 and row["best_s"] <= row["median_s"] for row in result["sizes"])
-    assert result["busbw_gbps"] == max(row["busbw_gbps"] for row in result["sizes"][-2:]) > 0
-    assert (tmp_path / "node-here.ready").exists() and result["waited_for_turn"]
 
 
 # The record and `sweep nodes` -----------------------------------------------------------------
