@@ -18,6 +18,6 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]]; then
 fi
 "$py" -m pip install --quiet --upgrade pip
 "$py" -m pip install --quiet "$torch_spec"
-"$py" -m pip install --quiet -e "${repo}[workload,test,docs]"
+"$py" -m pip install --quiet -e "${repo}[workload,test,docs,mlflow,wandb,tracker-tests]"
 echo "$fingerprint" > "$stamp"
 echo "llm-sweep installed in $venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"

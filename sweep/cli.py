@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "nodes": "list the nodes a sweep avoids after failures; forgive or exclude nodes",
     "collect": "turn attempt folders into runs.parquet",
     "report": "draw heatmaps and best-config tables from runs.parquet",
+    "export": "send every attempt of a sweep to MLflow or W&B (idempotent)",
     "compare": "a performance-regression gate: what got slower or fails since a baseline sweep",
     "import-playbook": "convert the Ultra-Scale Playbook's published runs into runs.parquet",
     "memory-check": "score the memory model and the pruning rules against runs that really happened",

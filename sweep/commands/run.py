@@ -219,4 +219,9 @@ def _run_locked(rendered: Rendered, args: argparse.Namespace, console: Console,
                       f"  heatmap: {report.out_dir / 'heatmap_best.png'}\n"
                       f"  best configurations: {report.out_dir / 'best_configs.md'} "
                       f"(also .csv, .tex)", highlight=False, soft_wrap=True)
+    if rendered.spec.export is not None:  # never fails the sweep: a failure is said, with the retry
+        from sweep.export.sweep_export import export_at_end
+
+        for line in export_at_end(out, rendered.spec.export.to)[1]:
+            console.print(line, highlight=False, soft_wrap=True)
 

@@ -61,7 +61,7 @@ def _slurm_time(value: str) -> str:
 
 SlurmTime = Annotated[str, AfterValidator(_slurm_time)]  # a --time value
 Auto = Literal["auto"]
-NOT_HASHED = {"driver", "max_gpu_hours"}  # Spec fields that do not change any run
+NOT_HASHED = {"driver", "max_gpu_hours", "export"}  # Spec fields that do not change any run
 # The plan columns an override's `where` may name: a plan row's key but vpp, which the planner
 # derives from pp_schedule.
 OVERRIDE_COLUMNS = tuple(c for c in ROW_KEY if c != "vpp")
@@ -391,6 +391,21 @@ class Override(_Strict):
         return value
 
 
+class ExportSettings(_Strict):
+    """Experiment trackers the sweep's attempts go to when it ends (`sweep run`, the detached
+    driver), after its report: `mlflow[:URI]` or `wandb[:ENTITY/PROJECT]` (docs/trackers.md).
+    An export that fails never fails the sweep; `sweep export DIR` retries it."""
+
+    to: list[str] = Field(min_length=1)
+
+    @field_validator("to")
+    @classmethod
+    def _trackers(cls, value: list[str]) -> list[str]:
+        from sweep.core.trackers import parse_target
+
+        return [str(parse_target(text)) for text in value]
+
+
 class Spec(_Strict):
     name: Name
     framework: Literal["megatron", "nanotron", "torchtitan", "builtin"] = "builtin"
@@ -408,6 +423,7 @@ class Spec(_Strict):
     overrides: list[Override] = []
     templates_dir: str | None = None
     driver: DriverSettings = DriverSettings()
+    export: ExportSettings | None = None  # trackers to export to when the sweep ends
     # Cap on the sweep's GPU-hours: spent + in flight (at their time limits) never exceeds it.
     max_gpu_hours: Annotated[float, Field(gt=0)] | None = None
 
@@ -624,7 +640,7 @@ def _known_field_names() -> set[str]:
     """Every field name a spec can hold, at any depth (for did-you-mean)."""
     names: set[str] = set()
     for model in (Spec, Axes, Constraints, RunSettings, Override, InlineModel, GlobalBatch,
-                  EarlyStop, DriverSettings, AllocatorConstants):
+                  EarlyStop, DriverSettings, AllocatorConstants, ExportSettings):
         names.update(model.model_fields)
     return names
 
@@ -633,7 +649,8 @@ def _sections() -> dict[str, type[BaseModel]]:
     """Each section of a spec, by the path a user writes, and the fields it holds."""
     return {"": Spec, "global_batch": GlobalBatch, "axes": Axes, "constraints": Constraints,
             "constraints.allocator": AllocatorConstants, "run": RunSettings,
-            "run.early_stop": EarlyStop, "driver": DriverSettings, "models[i]": InlineModel,
+            "run.early_stop": EarlyStop, "driver": DriverSettings, "export": ExportSettings,
+            "models[i]": InlineModel,
             "overrides[i]": Override}
 
 

@@ -150,7 +150,11 @@ def collect_and_report(folder: str | Path) -> int:
     report is not made when the collection failed."""
     folder = Path(folder)
     code = exit_code_of("collect", lambda: _collect_with_sacct(folder))
-    return code or exit_code_of("report", lambda: _write_report(folder))
+    if code:
+        return code
+    code = exit_code_of("report", lambda: _write_report(folder))
+    export_if_asked(folder)
+    return code
 
 
 def _collect_with_sacct(folder: Path) -> None:
@@ -166,6 +170,26 @@ def _write_report(folder: Path) -> None:
 
     for line in report_summary(report_sweep(runs_file(folder))):
         print(line)
+
+
+def export_if_asked(folder: Path) -> bool:
+    """The spec's `export:` section, once the sweep is collected: its trackers get every
+    attempt. Never fails the sweep: a tracker that does not answer is said on stderr (the job's
+    log), with the command that retries it. False when an export was asked for and failed."""
+    from sweep.plan.plan_file import planned_spec
+
+    try:
+        spec = planned_spec(folder)
+    except Exception:  # noqa: BLE001 - an unreadable spec copy was said by collect already
+        return True
+    if spec is None or spec.export is None:
+        return True
+    from sweep.export.sweep_export import export_at_end
+
+    ok, lines = export_at_end(folder, spec.export.to)
+    for line in lines:
+        print(line, file=sys.stdout if ok else sys.stderr, flush=True)
+    return ok
 
 
 # -- the guard: one driver per sweep ------------------------------------------------------------
