@@ -11,6 +11,11 @@ and the layout's columns, not by run_id, so a sweep re-planned from an edited sp
 up. runs.parquet holds one row per attempt: each configuration is represented by its latest
 completed attempt, or by its latest attempt when none completed (a failure).
 
+On a shared CPU host every step time moves with the machine's load, so there (normalize "auto")
+each configuration is judged relative to the sweep's median change (host_shift): the baseline's
+values are scaled by it first. On GPUs the values are judged as measured, so a change that
+slows every configuration alike (a driver, NCCL) is caught.
+
 When a change counts: a configuration is *slower* only when its change is beyond the tolerance
 on the bad side AND Welch's t-test on the steady-state step times (analysis.welch) finds the
 difference significant at `alpha`; beyond the tolerance but not significant is *within noise*.
@@ -53,6 +58,9 @@ WITHIN_TOLERANCE, FASTER, NOW_COMPLETING, NEW = "within tolerance", "faster", "n
 STATUSES: Final = (SLOWER, NEWLY_FAILING, MISSING, STILL_FAILING, WITHIN_NOISE, WITHIN_TOLERANCE,
                    FASTER, NOW_COMPLETING, NEW)
 REGRESSIONS: Final = (SLOWER, NEWLY_FAILING)
+# Whether a configuration is judged on its own change or relative to the sweep's median change.
+NORMALIZE: Final = ("auto", "none", "median")
+MIN_SHIFT_PAIRS: Final = 3
 
 EXPECTED_COLUMNS: Final = ("level", *MATCH_KEY, "run_id", "layout_label", "attempt", "outcome",
                            "metric", "value", "lower", "upper", "std", "n")
@@ -72,6 +80,8 @@ class Comparison:
     alpha: float
     baseline: str
     current: str
+    normalized: bool = False
+    shift: float = 1.0  # the sweep's median step-time ratio, current / baseline (host_shift)
 
     @property
     def regressions(self) -> int:
@@ -122,18 +132,58 @@ def expected_from_runs(runs: pd.DataFrame, tolerance: float | None = None) -> pd
 
 
 def compare(expected: pd.DataFrame, current: pd.DataFrame, alpha: float = DEFAULT_ALPHA,
-            baseline_name: str = "baseline", current_name: str = "current") -> Comparison:
+            baseline_name: str = "baseline", current_name: str = "current",
+            normalize: str = "auto") -> Comparison:
     """The verdict on every configuration and cell of `expected` (EXPECTED_COLUMNS) against the
-    runs table `current`; configurations only `current` has are "new"."""
+    runs table `current`; configurations only `current` has are "new". `normalize` (NORMALIZE):
+    "median" judges each configuration relative to the sweep's median step-time change (see
+    host_shift), "none" on the values as measured, "auto" the first on CPU, the second on GPUs."""
+    if normalize not in NORMALIZE:
+        raise ValueError(f"normalize={normalize!r}: one of {', '.join(NORMALIZE)}")
     latest = latest_attempts(current)
     run_refs = expected[expected["level"] == "run"]
-    runs = _verdicts(_merge(run_refs, latest, list(MATCH_KEY)), alpha)
+    merged_runs = _merge(run_refs, latest, list(MATCH_KEY))
+    normalized = normalize == "median" or (normalize == "auto" and _all_cpu(latest))
+    median_ratio = host_shift(merged_runs)
+    shift = median_ratio if normalized else 1.0
+    runs = _verdicts(_scaled(merged_runs, shift), alpha)
     cell_refs = pd.concat([expected[expected["level"] == "cell"],
                            _best_per_cell(run_refs, expected)], ignore_index=True)
-    cells = _verdicts(_merge(cell_refs, _current_best(latest), list(CELL)), alpha)
+    cells = _verdicts(_scaled(_merge(cell_refs, _current_best(latest), list(CELL)), shift), alpha)
     cells = _with_run_counts(cells, runs)
     return Comparison(runs=_ordered(runs), cells=_ordered(cells), alpha=alpha,
-                      baseline=baseline_name, current=current_name)
+                      baseline=baseline_name, current=current_name, normalized=normalized,
+                      shift=median_ratio)
+
+
+def host_shift(merged: pd.DataFrame) -> float:
+    """The sweep-wide step-time ratio, current / baseline: the median over the configurations
+    that completed on both sides with a step-time reference (1.0 with fewer than MIN_SHIFT_PAIRS
+    of them). On a shared CPU host every step time moves with the host's load; a configuration
+    that got slower by itself stands out from this median, the host's load does not."""
+    both = (merged["_merge"] == "both") & merged["ref_metric"].eq(STEP_TIME).fillna(False) \
+        & merged["cur_ok"].fillna(False).astype(bool)
+    ratios = (pd.to_numeric(merged.loc[both, f"cur_{STEP_TIME}"], errors="coerce")
+              / pd.to_numeric(merged.loc[both, "ref_value"], errors="coerce")).dropna()
+    ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
+    return float(ratios.median()) if len(ratios) >= MIN_SHIFT_PAIRS else 1.0
+
+
+def _all_cpu(latest: pd.DataFrame) -> bool:
+    devices = latest["gpu"].astype("string").str.lower().dropna() if "gpu" in latest else []
+    return len(devices) > 0 and bool((pd.Series(devices) == "cpu").all())
+
+
+def _scaled(merged: pd.DataFrame, shift: float) -> pd.DataFrame:
+    """The references moved by the sweep-wide `shift`: step times (and their spread) × shift,
+    throughputs ÷ shift; `ref_measured` keeps the value as measured."""
+    value = pd.to_numeric(merged["ref_value"], errors="coerce")
+    higher = merged["ref_metric"].isin(HIGHER_BETTER_METRICS)
+    return merged.assign(
+        ref_measured=value,
+        ref_value=np.where(higher, value / shift, value * shift),
+        ref_std=np.where(higher, pd.to_numeric(merged["ref_std"], errors="coerce"),
+                         pd.to_numeric(merged["ref_std"], errors="coerce") * shift))
 
 
 def _best_per_cell(run_refs: pd.DataFrame, expected: pd.DataFrame) -> pd.DataFrame:

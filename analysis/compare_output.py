@@ -75,7 +75,8 @@ def cells_frame(comparison: Comparison) -> pd.DataFrame:
 def _measures(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "metric": frame["ref_metric"].fillna("step_time_mean_s"),
-        "baseline": frame["ref_value"], "current": frame["cur_value"],
+        "baseline": frame["ref_measured"], "expected": frame["ref_value"],
+        "current": frame["cur_value"],
         "change_pct": 100 * frame["change"], "lower_pct": 100 * frame["ref_lower"],
         "upper_pct": 100 * frame["ref_upper"], "p_value": frame["p_value"], "test": frame["test"],
         "baseline_outcome": frame["ref_outcome"], "current_outcome": frame.get("cur_outcome"),
@@ -92,6 +93,18 @@ def summary_line(comparison: Comparison) -> str:
     return f"{verdict}: {len(comparison.runs)} configuration(s): {said}"
 
 
+def shift_line(comparison: Comparison) -> str:
+    """What the sweep-wide normalisation did, in words."""
+    if not comparison.normalized:
+        return (f"Each configuration is judged on its own change; the current sweep's median "
+                f"step time is {comparison.shift:.3g} × the baseline's (`--normalize median` "
+                "would judge each configuration relative to it).")
+    return (f"Relative to the sweep: the current sweep's median step time is "
+            f"{comparison.shift:.3g} × the baseline's (the host's speed: on CPU every step time "
+            "moves with the machine's load), so each configuration is judged against its "
+            "baseline × that factor (`expected`); `--normalize none` judges the values as measured.")
+
+
 def method_lines(comparison: Comparison) -> list[str]:
     """The rule in words: what is matched, which attempt, the tolerance and the test."""
     return [
@@ -102,6 +115,7 @@ def method_lines(comparison: Comparison) -> list[str]:
         f"significant by {TEST_NAME} at alpha = {comparison.alpha:g}; beyond the tolerance but "
         "not significant is `within noise`. Where the test cannot be made, the `test` column "
         "says why and the tolerance alone decides.",
+        shift_line(comparison),
         f"Regressions (exit code 1): {', '.join(REGRESSIONS)}. `missing` (in the baseline, not "
         "in the current sweep) is reported, not a regression.",
     ]
@@ -122,6 +136,7 @@ def markdown(comparison: Comparison) -> str:
 def _display(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
     shown = frame[first].astype("string").fillna("")
     shown["baseline"] = frame["baseline"].map(_number)
+    shown["expected"] = frame["expected"].map(_number)
     shown["current"] = frame["current"].map(_number)
     shown["change"] = frame["change_pct"].map(lambda v: "" if pd.isna(v) else f"{v:+.1f} %")
     shown["tolerance"] = [_band(lo, up) for lo, up in zip(frame["lower_pct"], frame["upper_pct"])]

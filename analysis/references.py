@@ -43,7 +43,8 @@ _FIX: Final = "see docs/compare.md, \"References files\""
 
 
 def is_references_file(path: Path) -> bool:
-    return path.is_file() and path.suffix.lower() in SUFFIXES
+    """Whether `path` names a references file (by its suffix, so a missing one is said so)."""
+    return path.suffix.lower() in SUFFIXES
 
 
 def write_references(runs: pd.DataFrame, path: Path, tolerance: float | None = None,

@@ -41,6 +41,19 @@ def cpu_peak_cache(_cpu_peak_cache_of_the_session: Path, tmp_path_factory: pytes
     return folder
 
 
+@pytest.fixture(scope="session")
+def demo_sweep(_cpu_peak_cache_of_the_session: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's demo sweep (examples/local-cpu.yaml), run once per test session (about 3
+    minutes here) with its report: tests/commands/test_run.py checks it, and
+    tests/commands/test_compare.py compares a second run of the demo with it. Tests read it or
+    copy it; none changes it."""
+    from sweep.cli import main
+
+    out = tmp_path_factory.mktemp("demo") / "local-cpu"
+    assert main(["run", str(REPO / "examples" / "local-cpu.yaml"), "--out", str(out)]) == 0
+    return out
+
+
 REFDATA_SKIP = "no reference data in"
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+
+from analysis.compare import NORMALIZE, SLOWER, STEP_TIME
 
 if TYPE_CHECKING:
     from analysis.compare import Comparison
@@ -24,7 +26,9 @@ MAX_PRINTED = 20  # regressions printed one by one; compare.md and compare.csv h
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", type=Path, metavar="BASELINE CURRENT",
+    parser.usage = ("sweep compare BASELINE CURRENT [--out DIR] [--tolerance T] [--alpha A]\n"
+                    "       sweep compare --write-references FILE RUNS [--tolerance T]")
+    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="BASELINE: a sweep folder, a runs.parquet or a references file "
                              "(.yaml, .csv); CURRENT: a sweep folder or a runs.parquet. With "
                              "--write-references: one sweep folder or runs.parquet")
@@ -37,6 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha", type=float, default=None,
                         help="significance level of the one-sided Welch t-test on the step "
                              "times (default 0.05)")
+    parser.add_argument("--normalize", choices=NORMALIZE, default="auto",
+                        help="median: judge each configuration relative to the sweep's median "
+                             "step-time change (the host's speed); none: as measured; auto "
+                             "(default): median on CPU, none on GPUs")
     parser.add_argument("--write-references", type=Path, default=None, metavar="FILE",
                         help="write the completed configurations of one sweep as a references "
                              "file (.yaml or .csv) and exit")
@@ -59,22 +67,23 @@ def run(args: argparse.Namespace) -> int:
     if len(args.paths) != 2:
         raise UserError(f"sweep compare takes BASELINE and CURRENT, not {len(args.paths)} path(s); "
                         "or --write-references FILE RUNS")
-    return _compare(args.paths[0], args.paths[1], args.out, args.tolerance, alpha)
+    return _compare(args.paths[0], args.paths[1], args.out, args.tolerance, alpha, args.normalize)
 
 
 def _compare(baseline: Path, current: Path, out: Path | None, tolerance: float | None,
-             alpha: float) -> int:
+             alpha: float, normalize: str) -> int:
     from analysis.compare import compare, expected_from_runs
     from analysis.compare_output import write_comparison
     from analysis.references import is_references_file, read_references
 
-    current_path = _runs_path(current)
     if is_references_file(baseline):
         expected = read_references(baseline)
     else:
         expected = expected_from_runs(_read_runs(_runs_path(baseline)), tolerance)
+    current_path = _runs_path(current)
     comparison = compare(expected, _read_runs(current_path), alpha,
-                         baseline_name=str(baseline), current_name=str(current))
+                         baseline_name=str(baseline), current_name=str(current),
+                         normalize=normalize)
     written = write_comparison(comparison, out or current_path.parent / "compare")
     _print(comparison, written.markdown)
     return 1 if comparison.regressions else 0
@@ -135,15 +144,22 @@ def _print(comparison: Comparison, markdown: Path) -> None:
     runs = runs_frame(comparison)
     bad = runs[runs["status"].isin(REGRESSIONS)]
     for row in bad.head(MAX_PRINTED).itertuples(index=False):
-        console.print(f"  {row.status:<14} {row.model} × {row.nodes} node(s)  {_text(row.layout_label)}"
-                      f"  {_text(row.baseline)} → {_text(row.current)} s ({_pct(row.change_pct)}"
-                      f"{', p = ' + _text(row.p_value) if pd.notna(row.p_value) else ''})"
-                      f"  {_text(row.current_outcome)}", highlight=False, markup=False)
+        console.print(f"  {row.status:<14} {row.model} × {row.nodes} node(s)  "
+                      f"{_text(row.layout_label)}  {_change(row)}", highlight=False, markup=False)
     if len(bad) > MAX_PRINTED:
         console.print(f"  … {len(bad) - MAX_PRINTED} more in {markdown}", highlight=False)
-    for line in method_lines(comparison)[1:3]:
+    for line in method_lines(comparison)[2:4]:
         console.print(f"  {line}", highlight=False, markup=False)
     console.print(f"{summary_line(comparison)} → {markdown}", highlight=False, markup=False)
+
+
+def _change(row: Any) -> str:
+    """What changed, in words: the values, the change and the p-value, or the outcomes."""
+    if row.status != SLOWER:
+        return f"{_text(row.baseline_outcome)} → {_text(row.current_outcome)}"
+    unit = " s" if row.metric == STEP_TIME else f" {row.metric}"
+    p_value = f", p = {_text(row.p_value)}" if pd.notna(row.p_value) else ", tolerance only"
+    return f"{_text(row.baseline)} → {_text(row.current)}{unit} ({_pct(row.change_pct)}{p_value})"
 
 
 def _text(value: object) -> str:

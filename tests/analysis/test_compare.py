@@ -136,6 +136,53 @@ def test_the_default_tolerance_is_wide_on_cpu_and_narrow_on_gpus(
                   ).loc["a", "status"] == "slower"
 
 
+# ------------------------------------------------------------------------ the host's speed
+
+def five_layouts(timed: Rows, scale: list[float], **extra: Any) -> list[dict[str, Any]]:
+    """Five configurations of one cell, the i-th with a step time of scale[i] s."""
+    layouts = [{}, {"tp": 2}, {"pp": 2}, {"zero_stage": 1}, {"mbs": 1}]
+    return [timed(f"r{i}", factor, **layout, **extra)
+            for i, (factor, layout) in enumerate(zip(scale, layouts))]
+
+
+def test_on_cpu_a_host_that_slows_every_configuration_alike_is_not_a_regression(
+        make_runs: Table, timed: Rows) -> None:
+    result = gate(make_runs, five_layouts(timed, [1.0] * 5), five_layouts(timed, [2.5] * 5),
+                  tolerance=None)
+    assert result.normalized and result.shift == pytest.approx(2.5)
+    assert set(result.runs["status"]) == {"within tolerance"}
+    # As measured (--normalize none), the same sweep is 150 % slower everywhere.
+    measured = compare(expected_from_runs(make_runs(five_layouts(timed, [1.0] * 5))),
+                       make_runs(five_layouts(timed, [2.5] * 5)), normalize="none")
+    assert set(measured.runs["status"]) == {"slower"}
+
+
+def test_on_cpu_one_configuration_slower_than_the_rest_of_its_sweep_is_named(
+        make_runs: Table, timed: Rows) -> None:
+    result = gate(make_runs, five_layouts(timed, [1.0] * 5),
+                  five_layouts(timed, [1.1, 1.1, 5.0, 1.1, 1.1]), tolerance=None)
+    assert result.shift == pytest.approx(1.1)
+    assert by_run(result)["status"].to_dict() == {
+        "r2": "slower", "r0": "within tolerance", "r1": "within tolerance",
+        "r3": "within tolerance", "r4": "within tolerance"}
+
+
+def test_on_gpus_a_slowdown_of_every_configuration_is_a_regression(
+        make_runs: Table, timed: Rows) -> None:
+    result = gate(make_runs, five_layouts(timed, [1.0] * 5, gpu="h100-sxm"),
+                  five_layouts(timed, [1.2] * 5, gpu="h100-sxm"), tolerance=None)
+    assert not result.normalized and result.shift == pytest.approx(1.2)
+    assert set(result.runs["status"]) == {"slower"}
+
+
+def test_the_hosts_speed_needs_three_configurations_completed_on_both_sides(
+        make_runs: Table, timed: Rows) -> None:
+    two = gate(make_runs, five_layouts(timed, [1.0] * 2), five_layouts(timed, [3.0] * 2),
+               tolerance=None)
+    assert two.shift == 1.0
+    assert set(two.runs["status"]) == {"slower"}
+
+
 # ------------------------------------------------------------------------ failures, gaps, attempts
 
 def test_a_configuration_that_fails_now_is_newly_failing_and_a_regression(

@@ -53,12 +53,10 @@ def outcome(run_dir: Path) -> str | None:
     return status["outcome"] if status else None
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's demo sweep, run once for the tests below (about 3 minutes here)."""
-    out = tmp_path_factory.mktemp("demo") / "local-cpu"
-    assert main(["run", str(DEMO), "--out", str(out)]) == 0
-    return out
+@pytest.fixture
+def demo(demo_sweep: Path) -> Path:
+    """The README's demo sweep, run once per session (tests/conftest.py's demo_sweep)."""
+    return demo_sweep
 
 
 @pytest.mark.slow
