@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.collect.rows import dense_peak, mfu_columns, step_statistics
+from sweep.collect.rows import dense_peak, mfu_columns, mfu_rate_per_gpu, step_statistics
+from sweep.collect.stragglers import DEFAULT_FACTOR, from_builtin, from_node_logs
+from sweep.collect.stragglers import columns as straggler_columns
 from sweep.core.runconfig import RunConfig
 from sweep.core.state import METRICS_FILE, json_record
 from sweep.frameworks import get_adapter
@@ -49,9 +51,11 @@ def read_metrics(path: Path, issues: list[str]) -> tuple[list[dict[str, Any]], d
 
 
 def metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | None,
-                   issues: list[str]) -> None:
+                   issues: list[str], nodes: Sequence[str] = ()) -> None:
     """Fill `row` with what the attempt measured: step statistics over the steps after warm-up,
-    memory peaks, the framework's own MFU and ours (`config`: the run.json, None if unreadable)."""
+    memory peaks, the framework's own MFU and ours (`config`: the run.json, None if unreadable),
+    and each node's step time with the straggler verdict (`nodes`: env.json's node list, in
+    node-index order)."""
     warmup = int((config.settings.get("warmup_steps") if config else None) or 0)
     world = config.world_size if config else None
     gbt = row.get("global_batch_tokens")
@@ -106,6 +110,24 @@ def metric_columns(row: dict[str, Any], attempt_dir: Path, config: RunConfig | N
                       f"steps: no steady-state figures")
     if config is not None:
         _apply_mfu(row, config, summary, issues)
+    _straggler_columns(row, config, summary, steps, warmup, nodes)
+
+
+def _straggler_columns(row: dict[str, Any], config: RunConfig | None,
+                       summary: Mapping[str, Any] | None, steps: list[dict[str, Any]],
+                       warmup: int, nodes: Sequence[str]) -> None:
+    """Each node's steady-state step time, where the run gives them, and whether its slowest
+    node is a straggler (sweep.collect.stragglers)."""
+    node_steps = row.pop("_node_steps", None)
+    if config is None or config.nodes < 2:
+        return
+    factor = float(config.settings.get("straggler_factor") or DEFAULT_FACTOR)
+    if node_steps is None:
+        times = from_builtin(summary, nodes, config.gpus_per_node)
+    else:
+        times = from_node_logs(node_steps, warmup, nodes, config.framework,
+                               row.get("global_batch_tokens"), config.world_size)
+    row.update(straggler_columns(times, factor))
 
 
 def check_logged_rate(steps: list[dict[str, Any]], warmup: int, stats: Mapping[str, Any],
@@ -137,7 +159,8 @@ def _apply_summary(row: dict[str, Any], summary: Mapping[str, Any], world: int |
                "mem_outside_allocator_bytes": "mem_outside_allocator_bytes",
                "mem_alloc_retries": "mem_alloc_retries", "mem_source": "mem_source",
                "ended_by": "ended_by", "torch_version": "torch_version",
-               "steady_state_policy": "steady_state_policy"}
+               "steady_state_policy": "steady_state_policy", "cpu_wait_mean_s": "cpu_wait_mean_s",
+               "mfu_time_basis": "mfu_time_basis"}
     for key, column in mapping.items():
         if summary.get(key) is not None:
             row[column] = summary[key]
@@ -159,15 +182,16 @@ def _apply_mfu(row: dict[str, Any], config: RunConfig, summary: Mapping[str, Any
             and abs(reported_peak[0] - peak[0]) > 1e-9 * peak[0]:
         issues.append(f"metrics.jsonl: peak_flops {reported_peak[0]:g} differs from the catalog's "
                       f"dense peak {peak[0]:g}; MFU uses the catalog")
-    row.update(mfu_columns(config.model, config.seq_len, row.get("tokens_per_sec_per_gpu"), peak))
+    rate = mfu_rate_per_gpu(row)
+    row.update(mfu_columns(config.model, config.seq_len, rate, peak))
     reported = (summary or {}).get("flops_per_token") or {}
     for name, value in reported.items():
         ours = row.get(f"flops_per_token_{name}")
         if ours is not None and value is not None and abs(float(value) - ours) > 1e-9 * ours:
             issues.append(f"metrics.jsonl: flops_per_token[{name}] = {value} differs from "
                           f"sweep.models.flops ({ours}); stored the sweep.models.flops value")
-    if row.get("mfu_reported") is not None and row.get("tokens_per_sec_per_gpu") and peak:
-        row["flops_per_token_reported"] = row["mfu_reported"] * peak[0] / row["tokens_per_sec_per_gpu"]
+    if row.get("mfu_reported") is not None and rate and peak:
+        row["flops_per_token_reported"] = row["mfu_reported"] * peak[0] / rate
 
 
 def _writes_metrics_file(framework: str) -> bool:
@@ -198,6 +222,7 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
         issues.append(str(error))
         return []
     best: list[dict[str, Any]] = []
+    node_steps: dict[int, list[dict[str, Any]]] = {}  # node index → its log's steps
     peaks: list[tuple[int | None, int | None]] = []
     logs = sorted((attempt_dir / "logs").glob("node*.out"))
     if not logs:
@@ -209,6 +234,8 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
             issues.append(f"logs/{path.name}: {error}")
             continue
         steps = [dataclasses.asdict(step) for step in parsed.steps]
+        if (index := _node_index(path)) is not None:
+            node_steps[index] = steps
         peaks.append((parsed.peak_mem_allocated_bytes, parsed.peak_mem_reserved_bytes))
         if _log_rank(steps) > _log_rank(best) or not best:
             best = steps
@@ -218,6 +245,7 @@ def _steps_from_logs(row: dict[str, Any], attempt_dir: Path, framework: str,
             issues.extend(f"logs/{path.name}: {problem}" for problem in parsed.problems[:5])
     if peaks:
         row["_log_memory"] = tuple(_max_known(values) for values in zip(*peaks))
+    row["_node_steps"] = node_steps
     return best
 
 
@@ -225,6 +253,12 @@ def _log_rank(steps: list[dict[str, Any]]) -> tuple[int, int]:
     """Which node log speaks for the run: the one whose steps carry a loss (the last pipeline
     stage's node, where every node prints every step), then the one with the most steps."""
     return sum(1 for step in steps if step.get("loss") is not None), len(steps)
+
+
+def _node_index(path: Path) -> int | None:
+    """The node index of `logs/node<i>.out` (the watchdog names each node's log so)."""
+    digits = path.stem.removeprefix("node")
+    return int(digits) if digits.isdigit() else None
 
 
 def _max_known(values: Iterable[int | None]) -> int | None:

@@ -6,8 +6,8 @@ during the trials, turbo clocks, a kernel faster than the square matmul. Such a 
 (`peak_exceeded`), and at collect the sweep's peak for that host and shape becomes the largest of
 the measured peak and the achieved FLOP/s per rank of every run on it, so every run of the
 sweep divides by the same, raised number and MFU never exceeds 1. A run's achieved FLOP/s per rank
-is tokens_per_sec_per_gpu × flops_per_token under each convention, and that its reported MFU
-implies (flops_per_token_reported × tokens_per_sec_per_gpu).
+is its MFU rate (tokens_per_sec_per_gpu, over the on-core time on CPU: `mfu_rate_per_gpu`) ×
+flops_per_token under each convention, and what its reported MFU implies.
 
 The rule is recomputed over the whole table at every collect, from the measured peak
 (`peak_flops_raised_from` keeps it), so reused rows and new ones agree and collecting twice gives
@@ -30,6 +30,7 @@ from typing import Any, Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sweep.collect.rows import mfu_rate_per_gpu
 from sweep.collect.schema import CONVENTIONS, to_table
 from sweep.workload.peak import host_record_file, raise_host_record
 
@@ -40,7 +41,7 @@ PEAK_FILE_IN_SOURCE: Final = re.compile(r"peaks/([^;)|/\s]+\.json)")
 
 def _achieved(row: Mapping[str, Any]) -> dict[str, float]:
     """The run's FLOP/s per rank, by what counted the FLOPs."""
-    rate = row.get("tokens_per_sec_per_gpu")
+    rate = mfu_rate_per_gpu(row)
     if not rate:
         return {}
     counts = {f"the {c} convention": row.get(f"flops_per_token_{c}") for c in CONVENTIONS}
@@ -100,7 +101,7 @@ def raise_measured_peaks(table: pa.Table) -> tuple[pa.Table, list[dict[str, Any]
 
 
 def _rescale_mfu(row: dict[str, Any], peak: float) -> None:
-    rate = row.get("tokens_per_sec_per_gpu")
+    rate = mfu_rate_per_gpu(row)
     if not rate:
         return
     for c in CONVENTIONS:

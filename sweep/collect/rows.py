@@ -19,6 +19,7 @@ from sweep.core.model import ModelShape, count_parameters
 from sweep.core.runconfig import RunConfig
 from sweep.frameworks import ADAPTER_MODULES, get_adapter
 from sweep.models import flops
+from sweep.workload.metrics import core_time_s, mfu_time_basis
 
 
 def config_columns(config: RunConfig, run_id: str | None = None) -> dict[str, Any]:
@@ -77,6 +78,17 @@ def mfu_columns(shape: ModelShape, seq_len: int, tokens_per_sec_per_gpu: float |
     return row
 
 
+def mfu_rate_per_gpu(row: Mapping[str, Any]) -> float | None:
+    """The tokens/s per rank that MFU counts: tokens_per_sec_per_gpu, or on CPU, where the steps
+    say how long the ranks waited for a core another process held (`cpu_wait_mean_s`), the same
+    tokens over the on-core time (`sweep.workload.metrics.core_time_s`)."""
+    rate, mean, wait = (row.get("tokens_per_sec_per_gpu"), row.get("step_time_mean_s"),
+                        row.get("cpu_wait_mean_s"))
+    if not rate or wait is None or not mean:
+        return rate
+    return float(rate) * float(mean) / core_time_s(float(mean), float(wait))
+
+
 def step_statistics(steps: list[dict[str, Any]], warmup: int, global_batch_tokens: int | None,
                     world_size: int | None) -> dict[str, Any]:
     """Statistics over the step records after the warm-up (by step number), nothing rounded."""
@@ -95,6 +107,10 @@ def step_statistics(steps: list[dict[str, Any]], warmup: int, global_batch_token
         times = [float(s["step_time_s"]) for s in timed]
         row["step_time_mean_s"] = statistics.fmean(times)
         row["step_time_std_s"] = statistics.stdev(times) if len(times) > 1 else None
+        waits = [float(s["cpu_wait_s"]) for s in timed if s.get("cpu_wait_s") is not None]
+        if len(waits) == len(timed):
+            row["cpu_wait_mean_s"] = statistics.fmean(waits)
+            row["mfu_time_basis"] = mfu_time_basis(row["cpu_wait_mean_s"])
         if all(s.get("tokens") is not None for s in timed):
             row["tokens_per_sec"] = sum(float(s["tokens"]) for s in timed) / sum(times)
         elif global_batch_tokens:

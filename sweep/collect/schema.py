@@ -113,6 +113,9 @@ _STEADY = _cols(
     ("step_time_mean_s", "float64", "s", "mean step time over the steady-state steps"),
     ("step_time_std_s", "float64", "s", "sample standard deviation (ddof=1) of the same steps"),
     ("step_time_n", "int64", "steps", "steps averaged"),
+    ("cpu_wait_mean_s", "float64", "s", "CPU runs: mean over the same steps of the time the run "
+     "waited for cores that other processes held (per step, the largest run-queue wait of any "
+     "thread of any rank, from /proc schedstat); MFU counts step_time_mean_s less it. Null on GPUs"),
     ("steady_state_policy", "string", "", "which steps were averaged, in words"),
     ("metrics_source", "string", "", "summary (the trainer's own summary record), steps "
      "(recomputed from step records), log:<parser>@<format version>, or published"),
@@ -147,7 +150,10 @@ _FLOPS = _cols(
      "measured peak (under some FLOPs convention, or by its reported MFU), so it raised the "
      "sweep's peak; false where it did not; null for catalog peaks"),
     *[(f"mfu_{c}", "float64", "fraction", f"tokens_per_sec_per_gpu × flops_per_token_{c} / "
-       "peak_flops") for c in CONVENTIONS],
+       "peak_flops; CPU runs: over the on-core time, tokens_per_sec_per_gpu × step_time_mean_s / "
+       "(step_time_mean_s − cpu_wait_mean_s) in place of tokens_per_sec_per_gpu") for c in CONVENTIONS],
+    ("mfu_time_basis", "string", "", "the time MFU divides by: `wall` (the step time), or on CPU "
+     "`on-core: …` (the step time less cpu_wait_mean_s)"),
     ("mfu_reported", "float64", "fraction", "MFU as the trainer or the publication reported it "
      "(a raised CPU peak rescales it: flops_per_token_reported × tokens_per_sec_per_gpu / peak_flops)"),
     ("mfu_reported_convention", "string", "", "convention of mfu_reported: full_attention "
@@ -202,8 +208,24 @@ _PROVENANCE = _cols(
      "whose fingerprint is unchanged"),
 )
 
+_STRAGGLERS = _cols(
+    "stragglers",
+    ("node_step_time_json", "string", "JSON", "each node's steady-state mean step time in s, its "
+     "slowest rank's (sweep.collect.stragglers): the built-in workload and torchtitan give them; "
+     "null where the framework logs steps on one rank only (Megatron-LM, nanotron)"),
+    ("node_step_time_source", "string", "", "what the per-node times are: `builtin: each rank's "
+     "own step time …` or `log:<framework>: each node's log`"),
+    ("straggler_ratio", "float64", "", "slowest node's step time / median of the nodes' (two or "
+     "more nodes, each with enough steady-state steps)"),
+    ("straggler_factor", "float64", "", "the factor the run was judged by (run.straggler_factor, "
+     "default 1.2)"),
+    ("straggler_node", "string", "", "the slowest node, where straggler_ratio > straggler_factor; "
+     "null: no straggler (or nothing to compare)"),
+)
+
 COLUMNS: Final[tuple[Column, ...]] = tuple(
-    _IDENTITY + _CONFIG + _OUTCOME + _STEADY + _FLOPS + _MEMORY + _SLURM + _PROVENANCE)
+    _IDENTITY + _CONFIG + _OUTCOME + _STEADY + _FLOPS + _MEMORY + _SLURM + _PROVENANCE
+    + _STRAGGLERS)
 COLUMN_NAMES: Final = tuple(c.name for c in COLUMNS)
 BY_NAME: Final = {c.name: c for c in COLUMNS}
 DEFAULT_STEADY_STATE_POLICY: Final = ("skip the first {warmup} steps; "

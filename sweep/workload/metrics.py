@@ -52,26 +52,47 @@ class RunFacts:
     mem_source: str
 
 
-def _throughput(facts: RunFacts, step_time_s: float) -> dict[str, Any]:
+def core_time_s(step_time_s: float, cpu_wait_s: float | None) -> float:
+    """The part of a step's time that MFU counts: all of it on a GPU; on a CPU, the time less
+    what the ranks waited for a core another process held (`sweep.workload.cpu_wait`). Linux
+    books a waiting thread's delay when it next runs, so a count can include a little from before
+    the step began; a wait as long as the whole step is such a count, and leaves the wall time."""
+    if cpu_wait_s is None or cpu_wait_s >= step_time_s:
+        return step_time_s
+    return step_time_s - max(cpu_wait_s, 0.0)
+
+
+def mfu_time_basis(cpu_wait_s: float | None) -> str:
+    return ("wall" if cpu_wait_s is None else
+            "on-core: the step time less its ranks' run-queue wait (the largest of any thread of "
+            "any rank, from /proc schedstat)")
+
+
+def _throughput(facts: RunFacts, step_time_s: float, cpu_wait_s: float | None = None) -> dict[str, Any]:
+    """tokens/s over the wall time; MFU over the time MFU counts (`core_time_s`)."""
     flops = flops_per_token_all(facts.shape, facts.seq_len)
     tokens_per_sec = facts.tokens_per_step / step_time_s
     per_gpu = tokens_per_sec / facts.world_size
-    utilisation = {name: mfu(per_gpu, value, facts.peak_flops) for name, value in flops.items()}
+    on_core = facts.tokens_per_step / core_time_s(step_time_s, cpu_wait_s) / facts.world_size
+    utilisation = {name: mfu(on_core, value, facts.peak_flops) for name, value in flops.items()}
     return {"tokens_per_sec": tokens_per_sec, "tokens_per_sec_per_gpu": per_gpu,
             "flops_per_token": flops, "mfu": utilisation,
-            "mfu_pct": 100.0 * utilisation[DEFAULT_CONVENTION],
+            "mfu_pct": 100.0 * utilisation[DEFAULT_CONVENTION], "cpu_wait_s": cpu_wait_s,
+            "mfu_time_basis": mfu_time_basis(cpu_wait_s),
             "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source}
 
 
 def step_record(facts: RunFacts, step: int, step_time_s: float, loss: float,
-                mem_per_rank: list[MemorySample], now: float | None = None) -> dict[str, Any]:
+                mem_per_rank: list[MemorySample], now: float | None = None,
+                cpu_wait_s: float | None = None) -> dict[str, Any]:
     """One step; mem_per_rank[r] is rank r's memory. The run's figures are the max over ranks:
-    the most loaded rank is the one that must fit."""
+    the most loaded rank is the one that must fit. `cpu_wait_s`: on CPU, the largest run-queue
+    wait of any rank in the step (None on GPUs)."""
     outside = [m.outside_allocator_bytes for m in mem_per_rank if m.outside_allocator_bytes is not None]
     retries = [m.alloc_retries for m in mem_per_rank if m.alloc_retries is not None]
     return {"kind": "step", "step": step, "time": time.time() if now is None else now,
             "step_time_s": step_time_s, "tokens": facts.tokens_per_step, "loss": loss,
-            **_throughput(facts, step_time_s),
+            **_throughput(facts, step_time_s, cpu_wait_s),
             "mem_allocated_bytes": max(m.allocated_bytes for m in mem_per_rank),
             "mem_reserved_bytes": max(m.reserved_bytes for m in mem_per_rank),
             "mem_outside_allocator_bytes": max(outside, default=None),
@@ -96,7 +117,9 @@ def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: i
     steady = [s["step_time_s"] for s in steps[skipped:]]
     mean = statistics.fmean(steady) if steady else math.nan
     std = statistics.stdev(steady) if len(steady) > 1 else math.nan
-    throughput = _throughput(facts, mean) if steady else {}
+    waits = [float(s["cpu_wait_s"]) for s in steps[skipped:] if s.get("cpu_wait_s") is not None]
+    wait = statistics.fmean(waits) if steady and len(waits) == len(steady) else None
+    throughput = _throughput(facts, mean, wait) if steady else {}
     if steps:
         first, last = steps[skipped]["step"] if steady else None, steps[-1]["step"]
         policy = (f"skip first {skipped} steps; mean/std (ddof=1) over steps {first}..{last}"
@@ -110,6 +133,7 @@ def summary_record(facts: RunFacts, steps: list[dict[str, Any]], warmup_steps: i
         "tokens_per_sec_per_gpu": throughput.get("tokens_per_sec_per_gpu"),
         "flops_per_token": flops_per_token_all(facts.shape, facts.seq_len),
         "mfu": throughput.get("mfu"), "mfu_pct": throughput.get("mfu_pct"),
+        "cpu_wait_mean_s": wait, "mfu_time_basis": throughput.get("mfu_time_basis"),
         "peak_flops": facts.peak_flops, "peak_flops_source": facts.peak_flops_source,
         "mem_allocated_bytes": max((s["mem_allocated_bytes"] for s in steps), default=None),
         "mem_reserved_bytes": max((s["mem_reserved_bytes"] for s in steps), default=None),

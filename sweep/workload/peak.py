@@ -8,6 +8,9 @@ and measured so that it is the best this host can do for the ranks a run uses:
   so they contend for cores, caches and memory bandwidth as the ranks do in training;
 - **the best of several trials**: each trial gives the FLOP/s per rank (the workers' sum over
   the ranks), and the measurement is the best trial, not a mean and not one short trial;
+- **on-core time**: a worker's rate is its FLOPs over the trial's time less the time it waited
+  for a core that another process held (`sweep.workload.cpu_wait`), as a run's MFU counts its
+  steps, so a neighbour's load lowers neither and their ratio stays what the host can do;
 - **the best the host has ever done**: what a host can do is a property of the host and the
   run's shape, not of one sweep, so it is kept per host in a user-level record outside any sweep
   folder (`host_peak_cache()`: `$SWEEP_CPU_PEAK_CACHE`, else `$XDG_CACHE_HOME/llm-sweep/cpu-peaks`,
@@ -49,6 +52,8 @@ from typing import Any, Final
 
 from sweep.core.catalog import get_gpu
 from sweep.core.state import exclusive_lock
+from sweep.workload.cpu_wait import thread_waits, waited_s
+from sweep.workload.metrics import core_time_s
 
 # The measurement's defaults; SWEEP_CPU_PEAK_TRIALS / SWEEP_CPU_PEAK_TRIAL_S override them (the
 # tests shorten the trials; a sweep records what it used in the source string).
@@ -112,7 +117,8 @@ class CpuPeak:
         used = ("the host record used" if host_record is not None and host_record > self.per_rank
                 else "this sweep's trials used")
         return (f"measured:cpu-matmul-{matmul_dtype_name(self.dtype)} best of {len(self.trials)} "
-                f"trials, {self.ranks} ranks × {self.threads} threads at once on {host_name()}: "
+                f"trials, {self.ranks} ranks × {self.threads} threads at once on {host_name()}, "
+                f"FLOPs over on-core time: "
                 f"the best of this sweep's trials ({self.per_rank / 1e9:.4g} GFLOP/s per rank) and "
                 f"of earlier sweeps on this host ({earlier}), {used} (a measured CPU peak, not a "
                 f"datasheet figure{where})")
@@ -186,14 +192,14 @@ def _worker(dtype: str, threads: int, seconds: float, size: int) -> int:
     for line in sys.stdin:
         if line.strip() != "go":
             break
-        count, start = 0, time.perf_counter()
-        while True:
+        count, waits_before, start = 0, thread_waits(), time.perf_counter()
+        while time.perf_counter() - start < seconds:
             torch.mm(a, b)
             count += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
-        print(f"rate {2.0 * size ** 3 * count / elapsed!r}", flush=True)
+        waits_after = thread_waits()  # read inside the timed window, so the wait is within it
+        elapsed = time.perf_counter() - start
+        on_core = core_time_s(elapsed, waited_s(waits_before, waits_after))
+        print(f"rate {2.0 * size ** 3 * count / on_core!r}", flush=True)
     return 0
 
 

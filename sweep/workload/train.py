@@ -23,9 +23,11 @@ from sweep.core.runconfig import RunConfig
 from sweep.core.state import METRICS_FILE, atomic_write_json
 from sweep.job.early_stop import EarlyStop, Window, last_window, steady_window
 from sweep.workload import metrics
+from sweep.workload.cpu_wait import thread_waits, waited_s
 from sweep.workload.data import Batch, global_batch, local_slice
 from sweep.workload.memory_tracking import MemoryProbe, tracked_peak
 from sweep.workload.model import Transformer, build, cross_entropy
+from sweep.workload.node_times import gather, node_name, simulated_slowdown, straggle
 from sweep.workload.parallel import (
     DataParallel,
     apply_context_parallel,
@@ -154,6 +156,10 @@ class Trainer:
         self.has_last = (num_stages - 1) in self.stages
         # Exactly one rank per (dp, cp) replica reports the loss: a last-stage rank with tp rank 0.
         self.reports_loss = self.has_last and self.mesh.rank("tp") == 0
+        # Each step's own time on this rank, to the step's closing all-reduce (node_times).
+        self.node = node_name()
+        self.slowdown = simulated_slowdown(self.node)
+        self.own_times: list[float] = []
 
     def _wrap(self, chunk: Transformer) -> DataParallel:
         if self.layout.tp > 1:
@@ -177,6 +183,7 @@ class Trainer:
 
         `next_micro_batch`, if given, is called between micro-batches (`tracked_peak` resets its
         per-module statistics there); the pipeline schedule runs its micro-batches itself."""
+        begun = _now(self.device)
         batch = global_batch(self.seed, step, self.cfg.global_batch_sequences, self.cfg.seq_len,
                              self.cfg.model.vocab_size)
         if self.schedule is not None:
@@ -187,6 +194,8 @@ class Trainer:
             wrapper.finish_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        straggle(self.slowdown, _now(self.device) - begun)  # SWEEP_TEST_STRAGGLER only
+        self.own_times.append(_now(self.device) - begun)
         return loss
 
     def _plain_step(self, batch: Batch, next_micro_batch: Callable[[], None] | None = None) -> torch.Tensor:
@@ -285,21 +294,28 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
     ended_by = "step_budget"
     dist.barrier()
     result.loop_started_at, loop_start = time.time(), time.perf_counter()
+    on_cpu = device.type == "cpu"
     for step in range(1, steps + 1):
+        waits_before = thread_waits() if on_cpu else None
         start = _now(device)
         loss = trainer.step(step)
-        stats = torch.zeros(2 + _MEMORY_FIELDS * world, dtype=torch.float64, device=device)
+        stats = torch.zeros(2 + _MEMORY_FIELDS * world + world, dtype=torch.float64, device=device)
         if trainer.reports_loss:
             stats[0], stats[1] = loss.double(), 1.0
         stats[_memory_slots(rank)] = torch.tensor(_memory_fields(probe.sample()), dtype=torch.float64)
+        waited = waited_s(waits_before, thread_waits() if on_cpu else None)
+        stats[_wait_slot(rank, world)] = _NOT_MEASURED if waited is None else waited
         dist.all_reduce(stats)  # also the step's end: every rank has finished it
         values = stats.tolist()
         step_time = _now(device) - start
         mean_loss = values[0] / values[1]
         per_rank = [_memory_sample(values[_memory_slots(r)]) for r in range(world)]
+        rank_waits = [values[_wait_slot(r, world)] for r in range(world)]
+        cpu_wait = None if min(rank_waits) < 0 else max(rank_waits)
         result.losses.append(mean_loss)
         if writer is not None:
-            record = metrics.step_record(facts, step, step_time, mean_loss, per_rank)
+            record = metrics.step_record(facts, step, step_time, mean_loss, per_rank,
+                                         cpu_wait_s=cpu_wait)
             writer.write(record)
             result.records.append(record)
         if rule is not None and step < steps:
@@ -309,11 +325,13 @@ def train(cfg: RunConfig, attempt_dir: Path, *, memtrack: bool = False) -> Train
                 steady, ended_by = window, "steady_state"
                 break
     result.loop_s = time.perf_counter() - loop_start
+    own_times = gather(trainer.own_times[:len(result.losses)], warmup, trainer.node, trainer.slowdown)
     if writer is not None:
         summary = metrics.summary_record(
             facts, result.records, warmup, ended_by=ended_by, device=device.type,
             torch_version=torch.__version__,
             early_stop=None if rule is None else _early_stop_record(rule, steady, result.records, warmup))
+        summary.update(own_times)  # each rank's own step time and node (sweep.workload.node_times)
         writer.write(summary)
         writer.close()
         result.records.append(summary)
@@ -363,6 +381,11 @@ _NOT_MEASURED = -1.0
 def _memory_slots(rank: int) -> slice:
     """Where rank `rank`'s memory fields sit in a step's stats tensor (after loss and count)."""
     return slice(2 + _MEMORY_FIELDS * rank, 2 + _MEMORY_FIELDS * (rank + 1))
+
+
+def _wait_slot(rank: int, world: int) -> int:
+    """Where rank `rank`'s CPU run-queue wait sits in a step's stats tensor (after the memory)."""
+    return 2 + _MEMORY_FIELDS * world + rank
 
 
 def _memory_fields(sample: metrics.MemorySample) -> list[float]:

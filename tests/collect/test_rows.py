@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import statistics
 
-from sweep.collect.rows import dense_peak, mfu_columns, provenance_columns, step_statistics
+import pytest
+
+from sweep.collect.rows import dense_peak, mfu_columns, mfu_rate_per_gpu, provenance_columns, step_statistics
 from sweep.core import catalog
 from sweep.models import flops
 
@@ -56,3 +58,20 @@ def test_provenance_from_env_json_marks_a_dirty_checkout() -> None:
         "harness_version": "0.1.0", "harness_git_sha": "abc-dirty", "framework_version": "0.4 @ def",
         "torch_version": "2.6.0", "python_version": "3.11.7", "hostname": "gpu01"}
     assert provenance_columns({}, "builtin")["harness_git_sha"] is None
+
+
+def test_cpu_steps_that_waited_for_a_core_give_mfu_over_their_on_core_time() -> None:
+    steps = [{"step": s, "step_time_s": t, "tokens": 100, "cpu_wait_s": w}
+             for s, t, w in [(1, 9.0, 0.0), (2, 0.3, 0.1), (3, 0.5, 0.3)]]
+    row = step_statistics(steps, warmup=1, global_batch_tokens=100, world_size=2)
+    assert row["cpu_wait_mean_s"] == pytest.approx(0.2)
+    assert row["mfu_time_basis"].startswith("on-core")
+    assert row["tokens_per_sec_per_gpu"] == pytest.approx(200 / 0.8 / 2)  # wall clock
+    assert mfu_rate_per_gpu(row) == pytest.approx(200 / 0.4 / 2)  # on-core
+
+
+def test_steps_without_a_wait_count_keep_the_wall_clock_rate_for_mfu() -> None:
+    steps = [{"step": s, "step_time_s": 0.5, "tokens": 100} for s in (1, 2, 3)]
+    row = step_statistics(steps, warmup=1, global_batch_tokens=100, world_size=1)
+    assert "cpu_wait_mean_s" not in row
+    assert mfu_rate_per_gpu(row) == row["tokens_per_sec_per_gpu"] == pytest.approx(200)

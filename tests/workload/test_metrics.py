@@ -9,7 +9,14 @@ import pytest
 
 from sweep.core.catalog import get_model
 from sweep.models.flops import flops_per_token_all
-from sweep.workload.metrics import MemorySample, MetricsWriter, RunFacts, step_record, summary_record
+from sweep.workload.metrics import (
+    MemorySample,
+    MetricsWriter,
+    RunFacts,
+    core_time_s,
+    step_record,
+    summary_record,
+)
 
 FACTS = RunFacts(shape=get_model("tiny-4l"), seq_len=64, tokens_per_step=256, world_size=2,
                  peak_flops=1e11, peak_flops_source="measured:cpu-matmul-fp32", mem_source="cpu-rss-anon")
@@ -90,3 +97,31 @@ def test_the_writer_appends_whole_lines_readable_at_once(tmp_path) -> None:
         assert len(lines) == count and json.loads(lines[-1])["step"] == count
     writer.close()
     assert writer.seconds > 0
+
+
+def test_on_cpu_mfu_counts_the_step_time_less_the_wait_for_a_core_and_tokens_per_sec_the_wall() -> None:
+    """A neighbour that holds a core for 0.1 s of a 0.3 s step slows the run, not its use of the
+    cores it had: tokens/s falls with the wall time, MFU does not."""
+    flops = flops_per_token_all(FACTS.shape, 64)["full_attention"]
+    loaded = step_record(FACTS, 1, 0.3, 7.0, [MemorySample(1, 2)], now=0.0, cpu_wait_s=0.1)
+    quiet = step_record(FACTS, 1, 0.2, 7.0, [MemorySample(1, 2)], now=0.0, cpu_wait_s=0.0)
+    assert loaded["tokens_per_sec"] == 256 / 0.3
+    assert loaded["mfu"]["full_attention"] == pytest.approx(256 / 0.2 / 2 * flops / 1e11, rel=1e-12)
+    assert loaded["mfu"] == pytest.approx(quiet["mfu"], rel=1e-12)
+    assert loaded["mfu_time_basis"].startswith("on-core")
+    summary = summary_record(FACTS, [quiet, loaded, loaded], 1, ended_by="step_budget", device="cpu",
+                             torch_version="x")
+    assert summary["cpu_wait_mean_s"] == pytest.approx(0.1)
+    assert summary["mfu"]["full_attention"] == pytest.approx(loaded["mfu"]["full_attention"], rel=1e-12)
+
+
+def test_without_a_wait_count_mfu_is_over_the_wall_time_and_says_so() -> None:
+    record = steps()[1]
+    assert record["cpu_wait_s"] is None and record["mfu_time_basis"] == "wall"
+    summary = summary_record(FACTS, steps(), 1, ended_by="step_budget", device="cpu", torch_version="x")
+    assert summary["cpu_wait_mean_s"] is None and summary["mfu_time_basis"] == "wall"
+
+
+def test_a_wait_as_long_as_the_step_is_a_count_that_straddled_it_and_leaves_the_wall_time() -> None:
+    assert core_time_s(0.3, 0.3) == core_time_s(0.3, 0.5) == 0.3
+    assert core_time_s(0.3, 0.1) == pytest.approx(0.2) and core_time_s(0.3, None) == 0.3
