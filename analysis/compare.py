@@ -46,10 +46,11 @@ HIGHER_BETTER_METRICS: Final = tuple(m for m, higher in HIGHER_IS_BETTER.items()
 DEFAULT_METRIC: Final = STEP_TIME
 DEFAULT_ALPHA: Final = 0.05
 # Default relative tolerance by device (docs/compare.md says why): ±5 % on GPUs, the usual
-# band of a cluster's regression suite; ±100 % on CPU, where two unchanged demo sweeps on a
-# shared 2-core machine differ by tens of percent, and by several times under other load.
+# band of a cluster's regression suite; +400 % on CPU, where one configuration of two unchanged
+# demo sweeps, run back to back on the shared 2-core machine, took 4.2 times as long as the
+# rest of its sweep would have it (other work took the cores during that run).
 DEFAULT_TOLERANCE_GPU: Final = 0.05
-DEFAULT_TOLERANCE_CPU: Final = 1.0
+DEFAULT_TOLERANCE_CPU: Final = 4.0
 
 # Every status, worst first; the first two are regressions.
 SLOWER, NEWLY_FAILING = "slower", "newly failing"

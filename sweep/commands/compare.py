@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder (default: compare/ beside CURRENT's runs.parquet)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="relative tolerance either side of a runs.parquet baseline, e.g. "
-                             "0.05 for 5 percent (default: 0.05 on GPUs, 1.0 on CPU; a "
+                             "0.05 for 5 percent (default: 0.05 on GPUs, 4.0 on CPU; a "
                              "references file carries its own)")
     parser.add_argument("--alpha", type=float, default=None,
                         help="significance level of the one-sided Welch t-test on the step "

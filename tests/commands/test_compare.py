@@ -1,9 +1,12 @@
 """`sweep compare`: the regression gate end to end, on two real sweeps of the demo.
 
-The demo (examples/local-cpu.yaml) runs twice, unchanged, on this machine: the real run-to-run
-variation of CPU timings under whatever else the machine runs is the noise the gate must not
-flag. The slowdown is injected: one configuration's measured step times are scaled in a copy of
-the second sweep's runs.parquet, as if every one of its steps had taken four times as long.
+The demo (examples/local-cpu.yaml) runs twice, unchanged, on this machine (the session's run
+and one more): the real run-to-run variation of CPU timings under whatever else the machine
+runs is the noise the gate must not flag. The slowdown is injected: one configuration's
+measured step times are scaled in a copy of the second sweep's runs.parquet, as if every one of
+its steps had taken twenty times as long (the CPU default tolerance, docs/compare.md, lets a
+configuration take 5 times as long as the rest of its sweep would have it: that is how much
+this shared machine's load moves one run).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from sweep.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "examples" / "local-cpu.yaml"
-SLOWDOWN = 4.0
+SLOWDOWN = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +36,8 @@ def demo_sweeps(demo_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> t
 
 def steadiest_run(baseline: pd.DataFrame, current: pd.DataFrame) -> str:
     """The completed configuration whose steps scatter least on both sides (the larger of its
-    two coefficients of variation is the smallest): with 4 steady-state steps a run, a 4×
-    slowdown of a configuration whose steps scatter by 60 % is honestly within noise."""
+    two coefficients of variation is the smallest): with 4 steady-state steps a run, the
+    steadier the configuration, the clearer Welch's test sees its slowdown."""
     def cv(runs: pd.DataFrame) -> pd.Series:
         done = runs[runs["outcome"] == "completed"]
         return (done["step_time_std_s"] / done["step_time_mean_s"]).set_axis(done["run_id"])
@@ -71,8 +74,7 @@ def test_two_unchanged_demo_sweeps_pass_the_gate(
     assert not compared["status"].isin(["slower", "newly failing"]).any()
     # Every configuration of the demo is matched: none is missing or new.
     assert len(compared) == len(pd.read_parquet(baseline / "runs.parquet")) == 11
-    assert set(compared["status"]) <= {"within tolerance", "within noise", "faster",
-                                       "still failing"}
+    assert not compared["status"].isin(["missing", "new"]).any()
     # The deliberate OOM fails in both sweeps: reported, not a regression.
     oom = compared[compared["baseline_outcome"] == "oom"]
     assert list(oom["status"]) == ["still failing"]
