@@ -341,3 +341,16 @@ def test_the_comparison_is_written_as_csv_markdown_and_a_figure(
     assert "REGRESSION" in text and "Welch's t-test" in text and "latest completed attempt" in text
     assert (tmp_path / "compare" / FIGURE).read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "compare" / RUNS_CSV) == written.runs_csv
+
+
+def test_the_references_files_shown_in_the_docs_read_as_they_say(tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "compare.md").read_text()
+    blocks = {kind: page.split(f"```{kind}\n", 1)[1].split("```", 1)[0] for kind in ("yaml", "text")}
+    (tmp_path / "refs.yaml").write_text(blocks["yaml"])
+    (tmp_path / "refs.csv").write_text(blocks["text"])
+    from_yaml = read_references(tmp_path / "refs.yaml")
+    assert list(from_yaml["level"]) == ["run", "cell"]
+    assert (from_yaml["upper"].iloc[0], np.isnan(from_yaml["upper"].iloc[1])) == (4.0, True)
+    from_csv = read_references(tmp_path / "refs.csv")
+    assert list(from_csv["level"]) == ["cell"]
+    assert from_csv["metric"].iloc[0] == "tokens_per_sec_per_gpu"
