@@ -122,8 +122,9 @@ def _convention_cause(a: pd.Series, b: pd.Series, a_names: list[str], b_names: l
 
 def _throughput_cause(a: pd.Series, b: pd.Series, convention: str, conventions_agree: bool) -> str:
     """Why MFU (under `convention`) picks `a` while tokens/s per GPU picks `b`. MFU is tokens/s ×
-    FLOPs per token ÷ peak, so within a cell only a different peak or a different FLOPs count per
-    token can reorder the runs: name the one that differs."""
+    FLOPs per token ÷ peak (on CPU over the on-core time), so within a cell only a different
+    peak, a different share of time waiting for a core, or a different FLOPs count per token can
+    reorder the runs: name the one that differs."""
     agree = "every FLOPs convention picks the same run, " if conventions_agree else ""
     if _differ(a["peak_flops"], b["peak_flops"]):
         return ("Cause: the peak FLOP/s, not the FLOPs convention: " + agree + "but the runs divide "
@@ -131,6 +132,13 @@ def _throughput_cause(a: pd.Series, b: pd.Series, convention: str, conventions_a
                 f"{a['peak_flops_source']}; {b['layout_label']}: {b['peak_flops'] / 1e12:.4g} "
                 f"TFLOP/s, {b['peak_flops_source']}), so the higher MFU is not the faster run; "
                 "tokens/s per GPU compares them on one footing.")
+    wait_a, wait_b = _wait_share(a), _wait_share(b)
+    if wait_a is not None and wait_b is not None and _differ(wait_a, wait_b):
+        return ("Cause: the wait for a core, not the FLOPs convention: " + agree + "but on CPU MFU "
+                "counts each step's time less what its ranks waited for a core another process "
+                f"held, and {a['layout_label']} waited {100 * wait_a:.3g} % of its step time, "
+                f"{b['layout_label']} {100 * wait_b:.3g} %; MFU compares how they used the cores "
+                "they had, tokens/s per rank their wall-clock speed.")
     column = f"flops_per_token_{convention}"
     if _differ(a.get(column), b.get(column)):
         return (f"Cause: the FLOPs per token: under {convention} the first counts "
@@ -138,6 +146,14 @@ def _throughput_cause(a: pd.Series, b: pd.Series, convention: str, conventions_a
                 "model shape or sequence length within the cell).")
     return ("Cause not found in runs.parquet: the two runs have the same peak FLOP/s and FLOPs "
             "per token, yet MFU and tokens/s rank them apart.")
+
+
+def _wait_share(run: pd.Series) -> float | None:
+    """The share of a CPU run's step time its ranks waited for a core (None: not measured)."""
+    wait, step = run.get("cpu_wait_mean_s"), run.get("step_time_mean_s")
+    if wait is None or step is None or pd.isna(wait) or pd.isna(step) or not step:
+        return None
+    return float(wait) / float(step)
 
 
 def _explain_cell(own: Key, picks: dict[str, Key], primary: str, convention: str,
@@ -308,7 +324,38 @@ def coverage_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Fla
                  "are left out of the ranking. " + " | ".join(parts))]
 
 
+def _straggler_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    if "straggler_node" not in runs.columns:
+        return runs.iloc[0:0]
+    return runs[runs["straggler_node"].notna() & (runs["straggler_node"] != "")]
+
+
+def straggler_flags(runs: pd.DataFrame) -> list[Flag]:
+    """One `straggler` flag per cell with runs whose slowest node exceeded their factor × the
+    median of the run's nodes (sweep.collect.stragglers), naming each run and node: such a run
+    measured the node as much as the configuration."""
+    by_cell: dict[tuple[str, int | None], list[str]] = {}
+    for _, row in _straggler_runs(runs).iterrows():
+        by_cell.setdefault(_where(row), []).append(
+            f"{run_name(row)} ({row['layout_label']}, {row['outcome']}): node "
+            f"{row['straggler_node']} took {row['straggler_ratio']:.2f}× the median step time of "
+            f"the run's nodes (factor {row['straggler_factor']:g})")
+    return [Flag("straggler", model, nodes, f"{len(lines)} run(s) with a straggler node: "
+                 + " | ".join(lines) + ". Rerun on other nodes before trusting these figures; "
+                 "`sweep nodes` lists the node as a suspect.")
+            for (model, nodes), lines in by_cell.items()]
+
+
+def straggler_cells(runs: pd.DataFrame, best: pd.DataFrame) -> dict[tuple[str, int], str]:
+    """The cells whose best run is a straggler run, each with its straggler node (the heatmap
+    marks them)."""
+    slow = {(str(row["run_id"]), int(row["attempt"])): str(row["straggler_node"])
+            for _, row in _straggler_runs(runs).iterrows()}
+    return {(str(cell["model"]), int(cell["nodes"])): slow[key]
+            for _, cell in best.iterrows() if (key := _key(cell)) is not None and key in slow}
+
+
 def all_flags(runs: pd.DataFrame, metric: str, convention: str) -> list[Flag]:
     return (check_flags(runs) + basis_flags(runs) + selection_flags(runs, metric, convention)
             + value_flags(runs) + coverage_flags(runs, metric, convention)
-            + collect_issue_flags(runs))
+            + straggler_flags(runs) + collect_issue_flags(runs))
