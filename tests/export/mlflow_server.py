@@ -31,8 +31,10 @@ def closed_port() -> int:
 
 
 @contextlib.contextmanager
-def mlflow_server(folder: Path, workers: int = 2) -> Iterator[str]:
-    """Start `mlflow server` on a free port with its store in `folder`; yield its URI."""
+def mlflow_server(folder: Path, workers: int = 1) -> Iterator[str]:
+    """Start `mlflow server` on a free port with its store in `folder`; yield its URI. One
+    worker: more processes on one SQLite file wait on its lock (4 workers took 3× longer per run
+    than 1 in benchmarks/export_speed.py's set-up)."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
