@@ -11,8 +11,9 @@ that the cell's figure is the best *trusted* one.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
+from typing import Final
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -25,6 +26,8 @@ from analysis.cells import BUDGET_REASON
 from analysis.checks import MARK, MARK_NOTE
 from analysis.labels import Labels, labels_of
 from analysis.style import CHECK_COLOUR, EMPTY_CELL, HEATMAP_CMAP, paper_style, save, text_colour
+
+STRAGGLER_MARK: Final = "⚠"  # a cell whose best run had a straggler node
 
 
 def _layout_lines(cell: pd.Series) -> list[str]:
@@ -48,10 +51,13 @@ def _model_tick(best: pd.DataFrame, label: str) -> str:
 
 
 def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, int]] = (),
-                 title: str | None = None, labels: Labels | None = None) -> list[Path]:
+                 title: str | None = None, labels: Labels | None = None,
+                 stragglers: Mapping[tuple[str, int], str] | None = None) -> list[Path]:
     """Draw `best` (analysis.best.best_configs output); write stem.{png,pdf,svg}. `labels`
     (analysis.labels.labels_for the runs) name the hardware, the unit and the convention; without
-    them the figure speaks of GPUs and the frame's convention."""
+    them the figure speaks of GPUs and the frame's convention. `stragglers`: the cells whose best
+    run had a straggler node, and the node (analysis.flags.straggler_cells), marked in the cell."""
+    stragglers = stragglers or {}
     labels = labels or labels_of(best)
     models = list(dict.fromkeys(best["model"]))
     nodes = sorted(set(int(n) for n in best["nodes"]))
@@ -74,7 +80,8 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
         for _, cell in best.iterrows():
             row, col = models.index(cell["model"]), nodes.index(int(cell["nodes"]))
             _annotate(ax, cell, row, col, (cmap, norm, metric),
-                      (cell["model"], int(cell["nodes"])) in flagged)
+                      (cell["model"], int(cell["nodes"])) in flagged,
+                      stragglers.get((cell["model"], int(cell["nodes"]))))
         ax.set_xticks(range(len(nodes)), [str(n) for n in nodes])
         ax.set_yticks(range(len(models)), [_model_tick(best, m) for m in models])
         ax.set_xlabel(labels.nodes_label())
@@ -104,6 +111,10 @@ def plot_heatmap(best: pd.DataFrame, stem: Path, flagged: Collection[tuple[str, 
         if flagged:
             notes.append("† the best configuration changes with the FLOPs convention or the "
                          "metric; see the flags in the report.")
+        if stragglers:
+            notes.append(f"{STRAGGLER_MARK} slow node: the cell's best run had a straggler node "
+                         "(its step time beyond the run's factor × the nodes' median); see the "
+                         "flags in the report.")
         if (best.get("n_failed_checks", pd.Series(dtype=float)).fillna(0) > 0).any():
             notes.append(MARK_NOTE)
         width = int(fig.get_figwidth() * 16)  # characters of 7.5 pt per line: notes stay in the figure
@@ -128,8 +139,10 @@ def _empty_notes(best: pd.DataFrame) -> list[str]:
 
 
 def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int,
-              scale: tuple[Colormap, Normalize, str], flagged: bool) -> None:
-    """One cell's text; `scale` is the colour map, its norm and the metric shown."""
+              scale: tuple[Colormap, Normalize, str], flagged: bool,
+              straggler: str | None = None) -> None:
+    """One cell's text; `scale` is the colour map, its norm and the metric shown; `straggler`:
+    the slow node of the cell's best run, if it had one."""
     cmap, norm, metric = scale
     failed_checks = cell.get("n_failed_checks")
     if pd.notna(failed_checks) and failed_checks > 0:  # a badge reads on filled and empty cells
@@ -157,5 +170,7 @@ def _annotate(ax: plt.Axes, cell: pd.Series, row: int, col: int,
     memory = cell.get("gpu_memory_GB")
     if pd.notna(memory):
         lines.append(f"{memory:.2f} GiB")
+    if straggler:
+        lines.append(f"{STRAGGLER_MARK} slow node: {straggler}")
     ax.text(col, row + 0.12, "\n".join(lines), ha="center", va="center", fontsize=6.6,
             color=colour, linespacing=1.25)

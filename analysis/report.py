@@ -18,7 +18,7 @@ from markupsafe import Markup
 from analysis.best import DEFAULT_CONVENTION, DEFAULT_METRIC, best_configs
 from analysis.cells import budget_reasons, unplaced_note
 from analysis.figures import outcome_counts, plot_distribution, plot_failures, plot_scaling
-from analysis.flags import Flag, all_flags
+from analysis.flags import Flag, all_flags, straggler_cells
 from analysis.heatmap import plot_heatmap
 from analysis.labels import Labels, labels_for
 from analysis.tables import (
@@ -84,7 +84,8 @@ def write_report(runs: pd.DataFrame, out_dir: str | Path, metric: str = DEFAULT_
                if f.kind == "best-config-changes" and f.nodes is not None}
     order = list(dict.fromkeys(best["model"]))
     ranked = labels.describe()
-    files = plot_heatmap(best, out_dir / "heatmap_best", flagged, labels=labels)
+    files = plot_heatmap(best, out_dir / "heatmap_best", flagged, labels=labels,
+                         stragglers=straggler_cells(runs, best))
     files += plot_scaling(best, out_dir / "scaling", labels)
     files += plot_failures(runs, order, out_dir / "failures", labels)
     files += plot_distribution(runs, best, out_dir / "mfu_distribution", labels)

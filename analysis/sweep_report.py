@@ -24,7 +24,7 @@ from sweep.plan.plan_file import PLAN_FILE
 
 # The flag kinds a report's summary prints one by one; every flag is in index.html.
 PRINTED_FLAGS: Final = ("failed-check", "best-config-changes", "basis", "mfu-above-1",
-                        "convention-mismatch", "not-ranked")
+                        "convention-mismatch", "not-ranked", "straggler")
 
 
 def runs_file(source: Path) -> Path:

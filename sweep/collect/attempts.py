@@ -9,6 +9,7 @@ folders give the same table). What an attempt measured (steps, memory, MFU) is r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -31,6 +32,7 @@ from sweep.collect.rows import (
     provenance_columns,
 )
 from sweep.collect.schema import OUTCOMES, SCHEMA_VERSION, arrow_schema, to_table
+from sweep.collect.suspects import record_suspects
 from sweep.core.runconfig import RunConfig
 from sweep.core.slurm_states import node_failures_in_srun_output
 from sweep.core.state import ENV_FILE, RUN_FILE, STATUS_FILE, attempt_dirs
@@ -46,6 +48,7 @@ class CollectResult:
     reused: int
     with_issues: list[str] = field(default_factory=list)  # attempt_dir of rows with issues
     raised_peaks: list[dict[str, Any]] = field(default_factory=list)  # sweep.collect.cpu_peaks
+    suspects: dict[str, dict[str, Any]] = field(default_factory=dict)  # sweep.collect.suspects
 
 
 # ---------------------------------------------------------------- file readers
@@ -162,7 +165,8 @@ def collect_attempt(sweep_dir: Path, run_dir: Path, attempt_dir: Path,
             acct = {"job": local_row, "steps": []}
             job_id = job_id if job_id is not None else local_row.get("JobID")
     _outcome_columns(row, status, acct, issues)
-    metric_columns(row, attempt_dir, config, issues)
+    nodes = env.get("nodes") if isinstance(env.get("nodes"), list) else status.get("nodes")
+    metric_columns(row, attempt_dir, config, issues, nodes=[str(n) for n in nodes or []])
     _oom_columns(row)
     summary_torch = row.pop("torch_version", None)
     _slurm_columns(row, status, env, acct, job_id)
@@ -330,6 +334,8 @@ def update_runs(sweep_dir: str | Path, out: str | Path | None = None,
     result = collect_sweep(sweep_dir, previous=previous, accounting=accounting)
     write_raised(Path(sweep_dir), result.raised_peaks)
     write_runs(result.table, out)
+    # straggler nodes counted over the whole table, into bad_nodes.json (never excluded)
+    result = dataclasses.replace(result, suspects=record_suspects(Path(sweep_dir), result.table))
     return result, out
 
 

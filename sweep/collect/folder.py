@@ -43,6 +43,11 @@ def collect_summary(result: CollectResult, out: Path) -> list[str]:
              f"{result.reused} reused → {out}"]
     lines += [f"  CPU peak raised: {record['why']}" for record in result.raised_peaks
               if record.get("raised")]
+    lines += [f"  straggler: {node} was the slowest node, beyond its run's factor × the nodes' "
+              f"median step time, in {entry['count']} run(s): "
+              + ", ".join(f"{r['run']} ({r['ratio']:.2f}×)" for r in entry["runs"][:3])
+              + (" …" if entry["count"] > 3 else "") + " (a suspect in bad_nodes.json, not excluded)"
+              for node, entry in result.suspects.items()]
     lines += [f"  issues: {attempt_dir}" for attempt_dir in result.with_issues[:ISSUES_SHOWN]]
     if len(result.with_issues) > ISSUES_SHOWN:
         lines.append(f"  … and {len(result.with_issues) - ISSUES_SHOWN} more attempts with issues "

@@ -18,12 +18,14 @@ import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sweep.commands._fabric import add_fabric_options, check_fabric, print_fabric_table
 from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from sweep.backends.slurm.submission import NodeRecord
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -77,6 +79,24 @@ def describe(record: NodeRecord) -> str:
     return "in use"
 
 
+def suspects_table(sweep: str, suspects: dict[str, dict[str, Any]]) -> Table:
+    """The straggler suspects `sweep collect` counted: each node, the runs it was the slowest
+    node of, with the ratio to its run's median; listed, never excluded."""
+    from sweep.commands._output import titled_table
+
+    table = titled_table(f"{sweep}: straggler suspects (slowest node of a run, beyond its factor "
+                         "× the nodes' median step time; never excluded automatically)")
+    for column in ("node", "straggler runs", "evidence", "later submissions"):
+        table.add_column(column, justify="right" if column == "straggler runs" else "left")
+    for node, entry in suspects.items():
+        runs = entry.get("runs") or []
+        evidence = ", ".join(f"{r['run']} {r['ratio']:.2f}× (> {r['factor']:g})" for r in runs[:4])
+        table.add_row(node, str(entry.get("count", len(runs))),
+                      evidence + (" …" if len(runs) > 4 else ""),
+                      "in use (`sweep nodes --exclude` keeps it out)")
+    return table
+
+
 def run(args: argparse.Namespace) -> int:
     from sweep.backends.slurm.tracker import Tracker
     from sweep.commands._output import output_console, titled_table
@@ -104,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     records = tracker.nodes()
     print_fabric_table(tracker.dir)
+    suspects = tracker.bad_nodes.suspects()
+    if suspects:
+        output_console().print(suspects_table(tracker.dir.name, suspects))
     if not records:
         print(f"{tracker.dir.name}: no node has failed, none is excluded")
         return 0

@@ -271,6 +271,9 @@ class RunSettings(_Strict):
     python: str | None = None
     seed: Annotated[int, Field(ge=0)] = 1234
     early_stop: EarlyStop | None = None  # end a run once its step times are steady (sweep.job.early_stop)
+    # A run whose slowest node's step time exceeds this × its nodes' median names that node a
+    # straggler (sweep.collect.stragglers; None: its DEFAULT_FACTOR, 1.2).
+    straggler_factor: Annotated[float, Field(gt=1.0)] | None = None
 
     @field_validator("early_stop")
     @classmethod
@@ -286,7 +289,7 @@ class RunSettings(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_early_stop_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(handler(self), "early_stop")
+        return _without_unset(_without_unset(handler(self), "early_stop"), "straggler_factor")
 
     @field_validator("framework_dir", "python", "container_image")
     @classmethod

@@ -85,6 +85,20 @@ class BadNodes:
                     {**(data.get("reasons") or {}), **(reasons or {})})
         return changed
 
+    def suspects(self) -> dict[str, dict[str, Any]]:
+        """Straggler counts per node, with the runs as evidence (`sweep collect` records them:
+        sweep.collect.suspects); never part of the exclude list."""
+        return dict(self._read().get("suspects") or {})
+
+    def set_suspects(self, suspects: dict[str, dict[str, Any]]) -> None:
+        """Replace the suspects with `suspects` (none: the key goes), writing only on a change."""
+        data = self._read()
+        updated = {key: value for key, value in data.items() if key != "suspects"}
+        if suspects:
+            updated["suspects"] = suspects
+        if updated != data:
+            atomic_write_json(self.path, updated)
+
     def _read(self) -> dict[str, Any]:
         return read_json(self.path) or {}
 
@@ -100,6 +114,8 @@ class BadNodes:
         kept = {node: why for node, why in given.items() if node in exclusions.exclude}
         if kept:
             updated["reasons"] = kept
+        if before.get("suspects"):  # collect's straggler counts (set_suspects): kept as they are
+            updated["suspects"] = before["suspects"]
         if updated != before and (before or any(updated.values())):
             atomic_write_json(self.path, updated)
 
