@@ -53,11 +53,12 @@ def main_benchmark(repeats: int) -> None:
               f"GB/s, pair median {fabric['pair_median_gbps']:.3g} GB/s, excluded "
               f"{fabric['excluded'] or 'none'}", flush=True)
     probes = fabric["probes"]
-    ready = max(p.get("seconds") or 0 for p in probes)
+    slowest = max(p.get("seconds") or 0 for p in probes)
+    up = max(p.get("ready_s") or 0 for p in probes)  # the last probe's torch import and init
     print(f"nodes={len(fabric['nodes'])} pairs={sum(p['kind'] == 'pair' for p in probes)} "
           f"rounds={len({p['round'] for p in probes})} repeats={repeats} "
           f"check_s={statistics.median(times):.1f} check_max_s={max(times):.1f} "
-          f"slowest_probe_s={ready:.1f} node_median_gbps={fabric['node_median_gbps']:.3g} "
+          f"slowest_probe_s={slowest:.1f} last_probe_up_s={up:.1f} node_median_gbps={fabric['node_median_gbps']:.3g} "
           f"pair_median_gbps={fabric['pair_median_gbps']:.3g} excluded={len(fabric['excluded'])} "
           f"target_s=60 within_target={max(times) < 60}")
 

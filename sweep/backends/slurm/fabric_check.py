@@ -209,6 +209,7 @@ def fabric_record(decision: FabricDecision, measured: Sequence[Measured], second
                     "busbw_gbps": m.busbw_gbps, "error": m.error,
                     "sizes": (m.result or {}).get("sizes"),
                     "stopped_early": (m.result or {}).get("stopped_early"),
+                    "ready_s": (m.result or {}).get("ready_s"),
                     "seconds": (m.result or {}).get("seconds")} for m in measured],
     }
 

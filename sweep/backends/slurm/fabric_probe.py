@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Final
 
 SIZE_FACTOR: Final = 4
-DEFAULT_WARMUP: Final = 2
-DEFAULT_ITERS: Final = 8
+DEFAULT_WARMUP: Final = 5  # nccl-tests: -w 5
+DEFAULT_ITERS: Final = 20  # nccl-tests: -n 20
 INIT_TIMEOUT_S: Final = 120
 WAIT_POLL_S: Final = 0.1
 LARGEST_SIZES: Final = 2  # the job's figure: the best busbw of this many largest sizes
