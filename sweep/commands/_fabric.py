@@ -35,14 +35,21 @@ def check_fabric(tracker: Tracker, args: argparse.Namespace, prefix: str) -> Non
     """Run the fabric check with the options `add_fabric_options` added under `prefix`;
     the slow nodes it finds are excluded from the sweep's later submissions."""
     from sweep.backends.slurm.fabric_check import run_check
+    from sweep.backends.slurm.fabric_decision import DEFAULT_FRACTION
     from sweep.commands.nodes import node_names
+    from sweep.core.errors import UserError
 
     option = prefix.replace("-", "_")
+    fraction, timeout_s = getattr(args, f"{option}fraction"), getattr(args, f"{option}check_timeout")
+    if not 0 < fraction < 1:
+        raise UserError(f"--{prefix}fraction {fraction:g}: the share of the median below which a "
+                        f"node is excluded must be between 0 and 1 (default {DEFAULT_FRACTION})")
+    if timeout_s <= 0:
+        raise UserError(f"--{prefix}check-timeout {timeout_s:g}: must be a positive number of "
+                        "seconds")
     nodes = getattr(args, f"{option}check_nodes")
     run_check(tracker, nodes=node_names(f"--{prefix}check-nodes", [nodes]) if nodes else None,
-              fraction=getattr(args, f"{option}fraction"),
-              timeout_s=getattr(args, f"{option}check_timeout"),
-              say=lambda line: print(line, flush=True))
+              fraction=fraction, timeout_s=timeout_s, say=lambda line: print(line, flush=True))
 
 
 def _figure(value: object) -> str:

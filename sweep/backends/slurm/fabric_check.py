@@ -267,8 +267,8 @@ def run_check(tracker: Tracker, *, nodes: Sequence[str] | None = None,
     from sweep.core.errors import UserError
 
     if not 0 < fraction < 1:
-        raise UserError(f"--fraction {fraction:g}: the share of the median below which a node is "
-                        f"excluded must be between 0 and 1 (default {DEFAULT_FRACTION})")
+        raise UserError(f"fabric check: the fraction {fraction:g} of the median below which a "
+                        f"node is excluded must be between 0 and 1 (default {DEFAULT_FRACTION})")
     target = fabric_target(tracker.dir)
     started = time.monotonic()
     partition = dict(target.slurm).get("partition")

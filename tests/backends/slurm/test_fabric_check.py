@@ -98,6 +98,8 @@ def test_sweep_nodes_lists_the_last_checks_figures_and_the_reason(
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--check", "--fraction", "1.5"], "--fraction 1.5: the share of the median"),
+    (["--check", "--check-timeout", "0"], "--check-timeout 0: must be a positive number"),
+    (["--check", "--check-nodes", "n[1-"], "--check-nodes 'n[1-'"),
     (["--check", "--forgive", "n1"], "--check runs the fabric check; run --forgive"),
 ])
 def test_bad_check_options_are_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
