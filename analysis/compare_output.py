@@ -37,6 +37,7 @@ STATUS_COLOURS: Final = {
     "faster": "#009E73", "now completing": "#009E73", "new": "#000000",
 }
 _NOT_PLOTTED_AT: Final = 1.08  # where rows without a change sit, as a fraction of the axis
+_FLOOR: Final = 100.0  # a positive value changes by −100 % at the least
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def draw_figure(comparison: Comparison, path: Path) -> None:
         ax.set_yticklabels([f"{model} × {nodes} node(s)" for model, nodes in cells]
                            if len(cells) <= 60 else [""] * len(cells))
         ax.set_ylim(len(cells) - 0.5, -0.5)
-        ax.set_xlim(-reach, reach * (_NOT_PLOTTED_AT + 0.05))
+        ax.set_xlim(-min(reach, _FLOOR * 1.05), reach * (_NOT_PLOTTED_AT + 0.05))  # ≥ −100 %
         step_only = bool(runs["metric"].eq("step_time_mean_s").all())
         ax.set_xlabel(("Step-time change (%), + = slower" if step_only
                        else "Change of each reference's metric (%)")
@@ -230,7 +231,8 @@ def _tolerance_band(ax: object, runs: pd.DataFrame) -> None:
     if len(bands) != 1:
         return
     lower, upper = bands.iloc[0]
-    ax.axvspan(-1e9 if pd.isna(lower) else lower, 1e9 if pd.isna(upper) else upper,  # type: ignore[attr-defined]
+    ax.axvspan(-_FLOOR if pd.isna(lower) else max(lower, -_FLOOR),  # type: ignore[attr-defined]
+               1e9 if pd.isna(upper) else upper,
                color="#DDDDDD", zorder=0, label="tolerance")
 
 
