@@ -195,3 +195,16 @@ def test_sweep_collect_counts_suspects_in_bad_nodes_json_and_never_excludes_them
     shown = capsys.readouterr().out
     ratio = 1.8 / statistics.median([1.0, 1.8])
     assert "straggler suspects" in shown and f"gpu02 │ {2:>14} │" in shown and f"{ratio:.2f}×" in shown
+
+
+def test_the_spec_states_the_factor_and_refuses_one_that_names_every_run(tmp_path: Path) -> None:
+    from sweep.core.errors import SpecError
+    from sweep.plan.spec import load_spec
+    from tests.specs import tiny_cpu_spec
+
+    spec = load_spec(tiny_cpu_spec(tmp_path / "a.yaml", "a", run={"straggler_factor": 1.5}))
+    assert spec.run.model_dump(mode="json")["straggler_factor"] == 1.5
+    unset = load_spec(tiny_cpu_spec(tmp_path / "b.yaml", "b")).run.model_dump(mode="json")
+    assert "straggler_factor" not in unset  # a spec without it keeps its run.json as it was
+    with pytest.raises(SpecError, match=r"c\.yaml:\d+: run\.straggler_factor: .*greater than 1"):
+        load_spec(tiny_cpu_spec(tmp_path / "c.yaml", "c", run={"straggler_factor": 1.0}))
