@@ -20,12 +20,14 @@ from analysis.compare import (
     PICKED,
     REGRESSIONS,
     STATUSES,
+    WITHIN_TOLERANCE,
     Comparison,
 )
 from analysis.style import DPI, SERIES, paper_style
 from analysis.welch import TEST_NAME
 
 RUNS_CSV: Final = "compare.csv"
+MARKDOWN_ALL_ROWS: Final = 200  # above this, compare.md lists only what is not within tolerance
 CELLS_CSV: Final = "compare_cells.csv"
 MARKDOWN: Final = "compare.md"
 FIGURE: Final = "compare.png"
@@ -123,15 +125,21 @@ def method_lines(comparison: Comparison) -> list[str]:
 
 
 def markdown(comparison: Comparison) -> str:
-    """compare.md: the summary, the rule, the cells, then the configurations, worst first."""
+    """compare.md: the summary, the rule, the cells, then the configurations, worst first (above
+    MARKDOWN_ALL_ROWS configurations, those within tolerance are left to compare.csv)."""
     cells = _display(cells_frame(comparison),
                      ["status", "model", "nodes", "baseline_best", "current_best"])
-    runs = _display(runs_frame(comparison), ["status", "model", "nodes", "layout_label"])
+    frame = runs_frame(comparison)
+    quiet = frame["status"] == WITHIN_TOLERANCE
+    shown = frame[~quiet] if len(frame) > MARKDOWN_ALL_ROWS else frame
+    note = (f"{int(quiet.sum())} configuration(s) within tolerance are in {RUNS_CSV}, not here."
+            if len(shown) < len(frame) else "")
+    runs = _display(shown, ["status", "model", "nodes", "layout_label"])
     return "\n".join([
         "# sweep compare", "", summary_line(comparison), "",
         *[f"- {line}" for line in method_lines(comparison)], "",
         "## Cells (each cell's best configuration)", "", _markdown_table(cells), "",
-        "## Configurations", "", _markdown_table(runs), ""])
+        "## Configurations", "", *([note, ""] if note else []), _markdown_table(runs), ""])
 
 
 def _display(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
@@ -200,17 +208,20 @@ def draw_figure(comparison: Comparison, path: Path) -> None:
                 float(np.nanmax(np.abs(runs[["lower_pct", "upper_pct"]].to_numpy(dtype=float))))
                 if runs[["lower_pct", "upper_pct"]].notna().any().any() else 0.0, 10.0) * 1.1
     with paper_style():
-        fig, ax = plt.subplots(figsize=(7.0, 1.2 + 0.32 * max(len(cells), 3)))
+        # Constrained layout makes room for the legend outside the axes, so the PNG is drawn
+        # once (a "tight" bounding box would draw the figure twice: most of the command's time).
+        fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.32 * max(len(cells), 3)), layout="constrained")
         _tolerance_band(ax, runs)
         ax.axvline(0, color="#444444", linewidth=0.6)
-        for status in STATUSES:
+        for rank, status in enumerate(STATUSES):
             chosen = (runs["status"] == status).to_numpy()
             if not chosen.any():
                 continue
             at = np.where(finite[chosen], change[chosen], reach * _NOT_PLOTTED_AT)
             marker = "o" if finite[chosen].all() else "x"
             ax.scatter(at, y[chosen], s=14, marker=marker, color=STATUS_COLOURS.get(status, SERIES[0]),
-                       label=f"{status} ({int(chosen.sum())})", linewidths=0.8, zorder=3)
+                       label=f"{status} ({int(chosen.sum())})", linewidths=0.8,
+                       zorder=3 + len(STATUSES) - rank)  # the worst on top
         ax.set_yticks(range(len(cells)))
         ax.set_yticklabels([f"{model} × {nodes} node(s)" for model, nodes in cells]
                            if len(cells) <= 60 else [""] * len(cells))
@@ -221,8 +232,8 @@ def draw_figure(comparison: Comparison, path: Path) -> None:
                        else "Change of each reference's metric (%)")
                       + "; × at the right: missing, failing or new")
         ax.set_title(_title(comparison))
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        fig.savefig(path, dpi=DPI // 2)
+        fig.legend(loc="outside right upper", frameon=False)
+        fig.savefig(path, dpi=DPI // 2, bbox_inches=None)
         plt.close(fig)
 
 

@@ -21,7 +21,7 @@ from analysis.compare import (
     expected_from_runs,
     latest_attempts,
 )
-from analysis.compare_output import FIGURE, MARKDOWN, RUNS_CSV, write_comparison
+from analysis.compare_output import FIGURE, MARKDOWN, MARKDOWN_ALL_ROWS, RUNS_CSV, write_comparison
 from analysis.references import read_references, write_references
 from analysis.welch import t_sf, welch_t
 from sweep.core.errors import UserError
@@ -354,3 +354,15 @@ def test_the_references_files_shown_in_the_docs_read_as_they_say(tmp_path: Path)
     from_csv = read_references(tmp_path / "refs.csv")
     assert list(from_csv["level"]) == ["cell"]
     assert from_csv["metric"].iloc[0] == "tokens_per_sec_per_gpu"
+
+
+def test_a_large_comparisons_markdown_leaves_what_is_within_tolerance_to_the_csv(
+        make_runs: Table, timed: Rows, tmp_path: Path) -> None:
+    baseline = [timed(f"r{i}", 1.0, mbs=i + 1) for i in range(MARKDOWN_ALL_ROWS + 5)]
+    current = [timed(f"r{i}", 1.6 if i == 0 else 1.0, mbs=i + 1)
+               for i in range(MARKDOWN_ALL_ROWS + 5)]
+    written = write_comparison(gate(make_runs, baseline, current), tmp_path)
+    text = written.markdown.read_text()
+    assert f"{MARKDOWN_ALL_ROWS + 4} configuration(s) within tolerance are in compare.csv" in text
+    assert text.count("| within tolerance |") == 1  # the cell's row only
+    assert len(pd.read_csv(written.runs_csv)) == MARKDOWN_ALL_ROWS + 5
