@@ -4,7 +4,8 @@ Fast and idempotent through MLflow's own client: one search per experiment finds
 sweep already has (by its `sweep.key` tag, with its `sweep.fingerprint`), so an unchanged
 attempt costs nothing; a new one is `create_run` (with its tags), one `log_batch` (parameters,
 metrics, step series, in as few calls as MLflow's limits allow) and `set_terminated`, run by a
-thread pool. Files are uploaded once: a file already in the run with the same size is skipped.
+thread pool; a new run's tags, its fingerprint included, go with `create_run`. Files are
+uploaded once: a file already in the run with the same size is skipped.
 Metric points carry the attempt's own end time, so sending one again is the same point, which
 the server keeps once.
 """
@@ -148,8 +149,12 @@ class MlflowExporter:
 
     def _send(self, client: Any, experiment: str, record: AttemptRecord, existing: Existing | None,
               status: str) -> tuple[str, int, int, None]:
+        # A new run gets every tag, its fingerprint too, when it is created: the server's store
+        # then commits no tags in log_batch. A run cut short before set_terminated is still
+        # RUNNING, which no finished export leaves, so the next export sends it again.
         if existing is None:
-            run = client.create_run(experiment, run_name=record.name, tags=_tags(record.all_tags),
+            run = client.create_run(experiment, run_name=record.name,
+                                    tags=_tags({**record.all_tags, FINGERPRINT_TAG: record.fingerprint}),
                                     start_time=_ms(record.started_at or record.ended_at))
             run_id, have_files = run.info.run_id, {}
             have_params: Mapping[str, str] = {}
@@ -164,8 +169,7 @@ class MlflowExporter:
             folder = str(PurePosixPath(artifact.name).parent)
             client.log_artifact(run_id, str(artifact.path), folder if folder != "." else None)
             uploaded += 1
-        tags = {**(record.all_tags if existing is not None else {}),
-                FINGERPRINT_TAG: record.fingerprint}
+        tags = {} if existing is None else {**record.all_tags, FINGERPRINT_TAG: record.fingerprint}
         for metrics, params, batch_tags in batches(record, have_params, tags):
             client.log_batch(run_id, metrics=metrics, params=params, tags=batch_tags)
         client.set_terminated(run_id, status, end_time=_ms(record.ended_at or record.started_at))
