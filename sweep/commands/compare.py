@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from analysis.compare import NORMALIZE, SLOWER, STEP_TIME
+from analysis.compare import (
+    DEFAULT_ALPHA,
+    NORMALIZE,
+    REGRESSIONS,
+    SLOWER,
+    STEP_TIME,
+    compare,
+    expected_from_runs,
+    missing_columns,
+)
+from sweep.core.errors import UserError
 
 if TYPE_CHECKING:
     from analysis.compare import Comparison
@@ -27,6 +37,7 @@ MAX_PRINTED = 20  # regressions printed one by one; compare.md and compare.csv h
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("sweep compare BASELINE CURRENT [--out DIR] [--tolerance T] [--alpha A]\n"
+                    "                     [--normalize auto|none|median]\n"
                     "       sweep compare --write-references FILE RUNS [--tolerance T]")
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                         help="BASELINE: a sweep folder, a runs.parquet or a references file "
@@ -51,9 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from analysis.compare import DEFAULT_ALPHA
-    from sweep.core.errors import UserError
-
     alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
     if not 0 < alpha < 1:
         raise UserError(f"--alpha {alpha}: a significance level is between 0 and 1, e.g. 0.05")
@@ -72,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare(baseline: Path, current: Path, out: Path | None, tolerance: float | None,
              alpha: float, normalize: str) -> int:
-    from analysis.compare import compare, expected_from_runs
-    from analysis.compare_output import write_comparison
+    from analysis.compare_output import write_comparison  # matplotlib: only where it draws
     from analysis.references import is_references_file, read_references
 
     if is_references_file(baseline):
@@ -102,7 +109,6 @@ def _runs_path(source: Path) -> Path:
     """A sweep folder's runs.parquet, or the file given (as `sweep report` finds it; not
     imported from analysis.sweep_report, which would import the whole report)."""
     from sweep.collect.attempts import RUNS_FILE
-    from sweep.core.errors import UserError
 
     path = source / RUNS_FILE if source.is_dir() else source
     if not path.is_file():
@@ -112,9 +118,6 @@ def _runs_path(source: Path) -> Path:
 
 
 def _read_runs(path: Path) -> pd.DataFrame:
-    from analysis.compare import missing_columns
-    from sweep.core.errors import UserError
-
     try:
         runs = pd.read_parquet(path)
     except (OSError, ValueError) as error:
@@ -127,7 +130,6 @@ def _read_runs(path: Path) -> pd.DataFrame:
 
 
 def _print(comparison: Comparison, markdown: Path) -> None:
-    from analysis.compare import REGRESSIONS
     from analysis.compare_output import cells_frame, method_lines, runs_frame, summary_line
     from sweep.commands._output import output_console, titled_table
 
