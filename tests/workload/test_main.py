@@ -9,17 +9,21 @@ from pathlib import Path
 from sweep.core.model import count_parameters
 from sweep.core.state import read_jsonl
 from sweep.models.flops import flops_per_token_all
+from sweep.workload.cpu_wait import thread_waits
 from tests.workload.runs import launch, run_config, write_run_dir
+
+SCHEDSTAT = thread_waits() is not None
 
 STEP_KEYS = {"kind", "step", "time", "step_time_s", "tokens", "tokens_per_sec", "tokens_per_sec_per_gpu",
              "loss", "flops_per_token", "mfu", "mfu_pct", "peak_flops", "peak_flops_source",
              "mem_allocated_bytes", "mem_reserved_bytes", "mem_outside_allocator_bytes",
-             "mem_alloc_retries", "mem_source", "mem_per_rank"}
+             "mem_alloc_retries", "mem_source", "mem_per_rank", "cpu_wait_s", "mfu_time_basis"}
 SUMMARY_KEYS = {"kind", "steps", "warmup_steps_skipped", "step_time_mean_s", "step_time_std_s", "step_time_n",
                 "tokens_per_sec", "tokens_per_sec_per_gpu", "flops_per_token", "mfu", "mfu_pct", "peak_flops",
                 "peak_flops_source", "mem_allocated_bytes", "mem_reserved_bytes", "mem_outside_allocator_bytes",
                 "mem_alloc_retries", "mem_source", "ended_by",
-                "final_loss", "device", "world_size", "torch_version", "steady_state_policy", "early_stop"}
+                "final_loss", "device", "world_size", "torch_version", "steady_state_policy", "early_stop",
+                "cpu_wait_mean_s", "mfu_time_basis", "rank_nodes", "rank_step_time_median_s"}
 
 
 def records(path: Path) -> list[dict]:
@@ -44,7 +48,11 @@ def test_standalone_run_writes_one_line_per_step_then_the_summary(
         assert record["mem_source"] == "cpu-rss-anon" and len(record["mem_per_rank"]) == 1
         assert record["mem_outside_allocator_bytes"] is None  # a CUDA figure
         assert record["mem_alloc_retries"] is None  # the CUDA caching allocator's count
+        if SCHEDSTAT:  # the wait for a core, where Linux counts it (sweep.workload.cpu_wait)
+            assert record["cpu_wait_s"] >= 0 and record["mfu_time_basis"].startswith("on-core")
     assert set(summary) == SUMMARY_KEYS and summary["kind"] == "summary"
+    assert len(summary["rank_nodes"]) == 1
+    assert summary["cpu_wait_mean_s"] >= 0 if SCHEDSTAT else summary["cpu_wait_mean_s"] is None
     assert summary["warmup_steps_skipped"] == 1 and summary["step_time_n"] == 4
     assert summary["final_loss"] == steps[-1]["loss"] and summary["world_size"] == 1
     assert "done run_id=" in proc.stdout
