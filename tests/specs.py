@@ -12,6 +12,15 @@ from typing import Any
 
 import yaml
 
+# The least a spec must say: the planner's own tests start from it (tests/plan/test_spec*.py).
+MINIMAL_SPEC = """\
+name: demo
+models: [playbook-1b]
+nodes: [1, 2]
+seq_len: 4096
+global_batch: {sequences: 256}
+"""
+
 TINY_CPU: dict[str, Any] = {
     "framework": "builtin",
     "gpu": "cpu",

@@ -8,14 +8,7 @@ import pytest
 
 from sweep.models.memory_profiles import RESERVED_BAND
 from sweep.plan.spec import SpecError, load_spec, parse_spec
-
-MINIMAL = """\
-name: demo
-models: [playbook-1b]
-nodes: [1, 2]
-seq_len: 4096
-global_batch: {sequences: 256}
-"""
+from tests.specs import MINIMAL_SPEC as MINIMAL
 
 
 def error_of(text: str) -> SpecError:

@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sweep.plan.spec import SpecError, parse_spec
-
-MINIMAL = """\
-name: demo
-models: [playbook-1b]
-nodes: [1, 2]
-seq_len: 4096
-global_batch: {sequences: 256}
-"""
+from tests.specs import MINIMAL_SPEC as MINIMAL
 
 
 def test_the_export_section_lists_trackers_in_their_written_form() -> None:
