@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from sweep.collect import schema
-from sweep.frameworks.matrix import capability_tables, support_matrix
+from sweep.frameworks.matrix import capability_tables, freshness_table, support_matrix
 from sweep.job import classify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,8 @@ def generated_sections() -> dict[str, str]:
         when = row["description"].replace("|", r"\|")
         rules.append(f"| `{row['rule']}` | {row['outcome']} | {when} |")
     return {"rules": "\n".join(rules), "schema": schema.markdown_table(),
-            "frameworks": support_matrix(), "capabilities": capability_tables()}
+            "frameworks": support_matrix(), "freshness": freshness_table(),
+            "capabilities": capability_tables()}
 
 
 def section(text: str, name: str) -> str | None:

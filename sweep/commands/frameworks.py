@@ -1,5 +1,6 @@
-"""`sweep frameworks [--capabilities]`: the framework versions llm-sweep renders for, and what
-each framework cannot run as labelled (the configurations the planner prunes as `framework`)."""
+"""`sweep frameworks [--capabilities]`: the framework versions llm-sweep renders for, the newest
+release of each that the matrix was checked against (and when), and what each framework cannot run
+as labelled (the configurations the planner prunes as `framework`)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sweep.frameworks.matrix import capability_tables, support_matrix
+    from sweep.frameworks.matrix import capability_tables, freshness_table, support_matrix
 
     print(support_matrix())
+    print()
+    print(freshness_table())
     if args.capabilities:
         print()
         print(capability_tables())

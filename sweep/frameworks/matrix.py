@@ -1,10 +1,11 @@
-"""The support matrix and the capability tables, as Markdown: the generated sections of
+"""The support matrix, its freshness and the capability tables, as Markdown: the generated sections of
 README.md and docs/frameworks.md and `sweep frameworks` print the adapters themselves, so neither
 can drift from the code."""
 
 from __future__ import annotations
 
 from sweep.frameworks import all_adapters
+from sweep.frameworks.releases import RELEASES_CHECKED
 
 
 def support_matrix() -> str:
@@ -26,6 +27,17 @@ def capability_tables() -> str:
         for rule in adapter.capabilities:
             lines.append(f"| {adapter.name} | `{rule.name}` | {_cell(rule.reason)} "
                          f"| {_cell(rule.source)} |")
+    return "\n".join(lines)
+
+
+def freshness_table() -> str:
+    """Per framework: the newest release on the package index when the matrix was last checked
+    against it, and what the job refuses (sweep.frameworks.releases)."""
+    lines = ["| framework | package | newest release checked | released | checked on | refused |",
+             "|---|---|---|---|---|---|"]
+    for check in RELEASES_CHECKED:
+        lines.append(f"| {check.framework} | `{check.package}` | {check.newest} | "
+                     f"{check.released_on} | {check.checked_on} | {_cell(check.refused)} |")
     return "\n".join(lines)
 
 
