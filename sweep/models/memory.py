@@ -150,7 +150,8 @@ def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int
       workload; DeepSpeed's partition method "type:transformer", with the embedding on stage 0);
     - "embedding_blocks": the embedding and the LM head count as one layer each (torchtitan 0.2's
       `generate_llm_fqn_per_model_part` with its default pipeline_parallel_first/last_stage_less_layers
-      of 1, torchtitan/distributed/pipeline_parallel.py; DeepSpeed's "type:transformer|embedding");
+      of 1, torchtitan/distributed/pipeline_parallel.py, and 0.3.0's `_generate_llm_fqn_per_model_part`,
+      the same function renamed, with the same defaults; DeepSpeed's "type:transformer|embedding");
     - "megatron": Megatron-LM's even split, counting the loss and then the embedding as a layer
       where the layers alone do not divide (`megatron_extra_layers`).
     """
@@ -273,6 +274,20 @@ class _Config:
         """How many ways the norm and linear inputs are sharded: SP shards them over TP."""
         return np.where(self.layouts.sp, self.layouts.tp, 1.0)
 
+    @cached_property
+    def expert_tp(self) -> np.ndarray | float:
+        """How many ways TP shards each expert's weights: tp, or 1 where the profile keeps every
+        expert whole on each TP rank (`MemoryProfile.experts_shard_over_tp`)."""
+        return self.layouts.tp if self.prof.experts_shard_over_tp else 1.0
+
+    @cached_property
+    def mlp_shards(self) -> np.ndarray:
+        """How many ways a rank's share of the MLP activations is cut: TP shards the FFN width,
+        or, for experts kept whole on each TP rank, each rank runs them on the tokens it holds
+        (SP's share of the sequence, or all of it)."""
+        whole_experts = self.model.is_moe and not self.prof.experts_shard_over_tp
+        return self.sequence_shards if whole_experts else self.layouts.tp
+
     @property
     def residual_bytes(self) -> float:
         """Bytes per element of the residual stream: what the norms save, the layer input."""
@@ -313,8 +328,9 @@ def _layer_parameters(model: ModelShape) -> _LayerParameters:
 
 
 def _layer_parameters_per_rank(cfg: _Config, layer: _LayerParameters) -> np.ndarray:
-    """One layer's parameters on one rank: dense ones sharded over TP, experts over TP·EP."""
-    return (layer.dense + layer.expert / cfg.layouts.ep) / cfg.layouts.tp
+    """One layer's parameters on one rank: dense ones sharded over TP, experts over TP·EP (EP
+    alone where the profile keeps experts whole on each TP rank)."""
+    return layer.dense / cfg.layouts.tp + layer.expert / (cfg.layouts.ep * cfg.expert_tp)
 
 
 def _vocabulary_matrix(cfg: _Config) -> np.ndarray:
@@ -341,7 +357,7 @@ def _first_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParam
     embedding = _vocabulary_matrix(cfg)
     head = float(model.hidden_size) + (0.0 if model.tie_word_embeddings else 1.0) * embedding
     dense = layers * layer.dense / lay.tp + embedding + np.where(lay.single_stage, head, 0.0)
-    return _StageParameters(dense, layers * layer.expert / (lay.tp * lay.ep),
+    return _StageParameters(dense, layers * layer.expert / (cfg.expert_tp * lay.ep),
                             np.where(lay.single_stage, embedding, 0.0))
 
 
@@ -351,7 +367,7 @@ def _last_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParame
     lay = cfg.layouts
     head = _vocabulary_matrix(cfg)
     dense = layers * layer.dense / lay.tp + head + float(cfg.model.hidden_size)
-    return _StageParameters(dense, layers * layer.expert / (lay.tp * lay.ep), head)
+    return _StageParameters(dense, layers * layer.expert / (cfg.expert_tp * lay.ep), head)
 
 
 # ---------------------------------------------------------------- persistent state
@@ -419,13 +435,22 @@ class _Gradients:
     made_later: np.ndarray
 
 
+def _cuda_graphed(cfg: _Config) -> np.ndarray:
+    """Rows whose forward-backward step the framework captures in a CUDA graph
+    (`MemoryProfile.cuda_graphs`): those with one pipeline stage and no expert parallelism."""
+    lay = cfg.layouts
+    return np.asarray(cfg.prof.cuda_graphs & (lay.pp == 1) & (lay.ep == 1), dtype=bool)
+
+
 def _gradients(cfg: _Config, params: _StageParameters, nbytes: _StateBytes, shards: _Shards
                ) -> _Gradients:
     """ZeRO-2 and up shard them; FSDP whose reduce-scatter waits for the step's last
     micro-batch holds whole ones until then (whose shards it makes after the peak), and a
-    profile that frees them each step makes them after the peak of a single micro-batch."""
+    profile that frees them each step makes them after the peak of a single micro-batch (not
+    under a CUDA graph, whose step zeroes them in place)."""
     prof, lay = cfg.prof, cfg.layouts
-    later = np.where(prof.grads_freed_each_step & (lay.grad_acc == 1), 1.0, 0.0)
+    later = np.where(prof.grads_freed_each_step & (lay.grad_acc == 1) & ~_cuda_graphed(cfg),
+                     1.0, 0.0)
     deferred = fsdp_reduction_deferred(prof, lay.zero_stage, lay.pp, lay.grad_acc)
     sharded = _sharded(cfg, nbytes.gradients, 2, params, shards)
     whole = prof.fsdp_accumulated_grad_bytes * (params.dense + params.expert)
@@ -505,7 +530,7 @@ def _saved_per_token(cfg: _Config) -> np.ndarray:
     copies = 2 if prof.autocast_weight_bytes and cfg.full_precision else prof.linear_input_copies
     kv_saved = q if prof.kv_saved_at_query_width else kv
     per_token = ((2 * norm + copies * a) * h / cfg.sequence_shards
-                 + a * (2 * q + 2 * kv_saved + ffn_saved * experts * ffn) / lay.tp
+                 + a * (2 * q + 2 * kv_saved) / lay.tp + a * ffn_saved * experts * ffn / cfg.mlp_shards
                  + (a * 2 * h * experts / cfg.sequence_shards if model.is_moe else 0.0))  # MoE: permuted tokens
     return per_token + np.where(lay.modes["none"], _attention_scores_per_token(cfg), 0.0)
 
@@ -523,8 +548,8 @@ def _kept_per_token(cfg: _Config) -> np.ndarray:
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
     experts, ffn = _mlp_width(model)
     output_width = {"wq": q / lay.tp, "wk": kv / lay.tp, "wv": kv / lay.tp,
-                    "wo": h / cfg.sequence_shards, "w1": experts * ffn / lay.tp,
-                    "w3": experts * ffn / lay.tp, "w2": h / cfg.sequence_shards}
+                    "wo": h / cfg.sequence_shards, "w1": experts * ffn / cfg.mlp_shards,
+                    "w3": experts * ffn / cfg.mlp_shards, "w2": h / cfg.sequence_shards}
     return _layer_input_per_token(cfg) + cfg.activation_bytes * (
         q / lay.tp + sum(output_width[name] for name in cfg.prof.selective_saves))
 
@@ -572,9 +597,23 @@ def _last_stage_in_flight(lay: _Layouts) -> np.ndarray:
 
 
 def _logits(cfg: _Config) -> np.ndarray:
-    """The logits and the loss's tensors over them, at the backward's peak."""
-    return (cfg.tokens * cfg.model.vocab_size / cfg.layouts.tp
-            * cfg.prof.logits_bytes_per_element)
+    """The logits and the loss's tensors over them, at the backward's peak: under a chunked loss
+    one chunk's (`MemoryProfile.loss_chunks`), beside what that loss holds for its whole loop."""
+    prof = cfg.prof
+    logits = (cfg.tokens / prof.loss_chunks * cfg.model.vocab_size / cfg.layouts.tp
+              * prof.logits_bytes_per_element)
+    return logits + _chunked_loss_held(cfg) if prof.loss_chunks > 1 else logits
+
+
+def _chunked_loss_held(cfg: _Config) -> np.ndarray:
+    """What a chunked loss holds over its loop of chunks: buffers of the whole hidden states
+    (replicated over TP, so not sharded by SP), and under FSDP whose reduction is not deferred
+    anyway, the LM head's whole gradient."""
+    prof, lay = cfg.prof, cfg.layouts
+    hidden = prof.loss_hidden_bytes_per_element * cfg.tokens * float(cfg.model.hidden_size)
+    syncs_off = (lay.zero_stage >= 2) & ~fsdp_reduction_deferred(prof, lay.zero_stage, lay.pp,
+                                                                  lay.grad_acc)
+    return hidden + np.where(syncs_off, prof.loss_head_grad_bytes * _vocabulary_matrix(cfg), 0.0)
 
 
 def _logits_at_forward_end(cfg: _Config) -> np.ndarray:
@@ -658,11 +697,17 @@ def _autocast_casts(cfg: _Config, params: _StageParameters, acts: _StageActivati
 
 
 def _fragmentation(cfg: _Config, acts: _StageActivations) -> np.ndarray:
-    """What the caching allocator holds beyond live tensors (the module docstring says why)."""
+    """What the caching allocator holds beyond live tensors (the module docstring says why);
+    under a CUDA graph also the blocks its eager warm-up step left cached beside the graph's
+    private pool."""
     prof = cfg.prof
-    return (prof.fragmentation_sequential * acts.activations / acts.in_flight
+    held = (prof.fragmentation_sequential * acts.activations / acts.in_flight
             + prof.fragmentation_pipelined * acts.activations * (1.0 - 1.0 / acts.in_flight)
             + prof.fragmentation_logits * acts.logits + prof.reserved_floor_bytes)
+    if not prof.cuda_graphs:
+        return held
+    warmup = prof.cuda_graph_warmup_reserve * (acts.activations + acts.logits)
+    return held + np.where(_cuda_graphed(cfg), warmup, 0.0)
 
 
 def _runtime_overhead(cfg: _Config) -> np.ndarray:

@@ -68,6 +68,9 @@ class MemoryProfile:
     master_bytes: float = 4.0  # fp32 master weights
     optimizer_bytes: float = 8.0  # Adam exp_avg + exp_avg_sq, fp32
     zero_shards_over_cp: bool = True  # ZeRO shards over dp*cp (Megatron, FSDP) or dp only (nanotron)
+    # TP shards each expert's weights (and its FFN activations), or every TP rank keeps its EP
+    # share of the experts whole and runs them on the tokens it holds (nanotron main's GroupedMLP)
+    experts_shard_over_tp: bool = True
     weights_shard_from_zero: int = 3  # FSDP2 shards the stored (fp32) params already at "ZeRO-2"
     # --- transients ---
     zero1_gather_bytes: float = 0.0  # ZeRO-1: all-gather buffer of updated params (+ its input shard)
@@ -112,6 +115,24 @@ class MemoryProfile:
     # one fp32 copy of the parameters; the fused kernels (apex/TE FusedAdam, `fused=True`) need none
     optimizer_step_temp_bytes: float = 0.0
     logits_bytes_per_element: float = 10.0  # bf16 logits + fp32 copy + fp32 softmax/grad (per V/tp element)
+    # A chunked loss (torchtitan 0.3's ChunkedLossWrapper) runs the LM head and the loss on
+    # 1/loss_chunks of the tokens at a time, each chunk's backward before the next chunk's
+    # forward, so the logits of one chunk are alive at once, never the whole [B, L, V/tp]
+    loss_chunks: int = 1
+    # What such a loss holds for its whole loop, per token x hidden, not sharded by SP (the
+    # decoder's final norm replicates the hidden states over TP before the chunks are cut): the
+    # fp32 buffer it gathers the hidden states' gradient in and the detached bf16 chunk copies
+    loss_hidden_bytes_per_element: float = 0.0
+    # And, under FSDP (ZeRO >= 2) where the reduction is not deferred anyway, the LM head's whole
+    # gradient in the reduce dtype: it turns the head's gradient sync off until the last chunk
+    loss_head_grad_bytes: float = 0.0
+    # The forward-backward step is captured in a CUDA graph where the framework allows it (one
+    # pipeline stage, no expert parallelism): the graph's tensors live in a private pool, the
+    # eager warm-up step before the capture leaves this share of the step's transient memory
+    # (activations and logits) cached in the ordinary pool beside it, and the gradients are
+    # zeroed in place each step, never freed (`zero_grad(set_to_none=False)`)
+    cuda_graphs: bool = False
+    cuda_graph_warmup_reserve: float = 1.0
     # What the loss holds per logit at the end of its forward. Counted only where that moment can
     # be the peak: torch.autocast caches the bf16 cast of every weight it casts until its region
     # exits (`cache_enabled`, the default), so at the end of the forward every layer's cast is
@@ -126,12 +147,22 @@ class MemoryProfile:
     reserved_floor_bytes: int = RESERVED_FLOOR_BYTES
     cuda_context_bytes: int = 512 * MiB  # CUDA context + kernels; not in torch's allocator
     nccl_bytes_per_group: int = 256 * MiB  # NCCL channels/buffers per communicator in use
+    # The fields whose values are read from the framework's source but not yet checked against a
+    # measurement on a GPU (docs/planning.md lists them)
+    unvalidated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.selective_saves) - set(LINEARS)
         if unknown:
             raise ValueError(f"profile {self.name!r}: selective_saves names {sorted(unknown)}, "
                              f"not linears of the model ({', '.join(LINEARS)})")
+        if self.loss_chunks < 1:
+            raise ValueError(f"profile {self.name!r}: loss_chunks must be >= 1, got {self.loss_chunks}")
+        fields = set(self.__dataclass_fields__)
+        unknown = set(self.unvalidated) - fields
+        if unknown:
+            raise ValueError(f"profile {self.name!r}: unvalidated names {sorted(unknown)}, which "
+                             "are not fields of MemoryProfile")
 
 
 NANOTRON: Final = MemoryProfile(
@@ -142,6 +173,9 @@ NANOTRON: Final = MemoryProfile(
         "all-gathers the updated params; cost-balanced PP split with embedding/LM head as blocks"),
     ddp_bucket_bytes=2.0, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
     zero_shards_over_cp=False, zero1_gather_bytes=2.0, stage_split="cost",
+    # MoE (main): nn/moe.py GroupedMLP holds num_experts / ep whole experts as plain parameters,
+    # replicated on every TP rank (trainer.py mark_unsharded_params_as_tied_across_tp), @2411b022
+    experts_shard_over_tp=False,
 )
 
 MEGATRON: Final = MemoryProfile(
@@ -178,6 +212,57 @@ TORCHTITAN: Final = MemoryProfile(
     # one micro-batch the activation peak (the logits' backward) holds none of them. Its default
     # optimizer is fused (job_config.py `implementation: ... = "fused"`): no step temporaries.
     grads_freed_each_step=True,
+)
+
+# torchtitan 0.3.0 (PyPI, 2026-09-03), read from its source; what is not cited here is 0.2's
+# (TORCHTITAN above), because 0.3.0 does it the same way:
+# - FSDP2 with bf16 params and fp32 reduce (config/configs.py TrainingConfig
+#   mixed_precision_param / mixed_precision_reduce, distributed/fsdp.py apply_fsdp_to_decoder);
+# - the fused AdamW (components/optimizer/optimizer.py OptimizersContainer.Config
+#   `implementation = "fused"`, as 0.2's job_config.py): no step temporaries;
+# - gradient accumulation calls plain backward per micro-batch (trainer.py `train_step`), so
+#   FSDP reduce-scatters every micro-batch; pipelines run torch's schedules;
+# - the pipeline split: `_generate_llm_fqn_per_model_part` (distributed/pipeline_parallel.py) is
+#   0.2's `generate_llm_fqn_per_model_part` renamed, with the same defaults
+#   (ParallelismConfig pipeline_parallel_first/last_stage_less_layers = 1, config/configs.py):
+#   the embedding and the output count as a layer each, so the stage split is 0.2's.
+TORCHTITAN_03: Final = replace(
+    TORCHTITAN, name="torchtitan-0.3",
+    description=(
+        "torchtitan 0.3 (FSDP2 as 0.2): fused QKV, so selective AC keeps wqkv, w1 and w2; the "
+        "chunked loss (8 chunks) holds one chunk's logits, an fp32 gradient buffer and bf16 copies "
+        "of the hidden states, and under FSDP the LM head's whole fp32 gradient; the step is a "
+        "CUDA graph at pp = 1 and ep = 1 (gradients zeroed, not freed; the eager warm-up's blocks "
+        "stay reserved beside the graph's pool). Read from the source, not yet validated on a GPU: "
+        "loss_chunks, loss_hidden_bytes_per_element, loss_head_grad_bytes, cuda_graphs, "
+        "cuda_graph_warmup_reserve, selective_saves"),
+    # models/llama3/__init__.py builds every flavor with `fuse_qkv=True` (qwen3's too): one wqkv
+    # linear (models/common/attention.py FusedQKVLinear). SelectiveAC (distributed/
+    # activation_checkpoint.py) saves "all compute/comm ops, except every second mm/linear",
+    # counting a block's mms from 1: wqkv, wo, w1, w3, w2, so the 1st, 3rd and 5th are kept, and
+    # wqkv's output is q, k and v together
+    selective_saves=("wq", "wk", "wv", "w1", "w2"),
+    # components/loss.py ChunkedLossWrapper (`num_chunks: int = 8`), the loss of every llama3 and
+    # qwen3 config (models/*/config_registry.py): per chunk `lm_head(h_chunk)`, the inner
+    # CrossEntropyLoss (`pred.flatten(0, 1).float()`, as 0.2's: 10 bytes per logit), then
+    # `chunk_loss.backward()` before the next chunk
+    loss_chunks=8,
+    # GradAccumulator(hidden_states, dtype=torch.float32): `torch.zeros_like(local,
+    # dtype=torch.float32)` of the whole hidden states (4), and the chunks `c.contiguous()`,
+    # `.detach().requires_grad_()`, kept in `h_chunks` for the whole loop (2)
+    loss_hidden_bytes_per_element=6.0,
+    # `lm_head.set_requires_gradient_sync(False, recurse=False)` until the last chunk: FSDP2 keeps
+    # the head's unsharded gradient, accumulated in the fp32 reduce dtype
+    loss_head_grad_bytes=4.0,
+    # config/configs.py TrainingConfig `disable_cuda_graphs: bool = False`; trainer.py wraps the
+    # forward-backward in distributed/cudagraph.py `wrap_with_cuda_graph` (one eager warm-up call
+    # on the graph's stream, then capture into `torch.cuda.graph_pool_handle()`, no empty_cache
+    # between them) and starts each step with `zero_grad(set_to_none=disable_cuda_graphs)`;
+    # Trainer.Config._validate_cuda_graphs refuses them with pipeline parallelism and with expert
+    # parallelism's default dispatchers, so those runs disable them
+    cuda_graphs=True, cuda_graph_warmup_reserve=1.0,
+    unvalidated=("selective_saves", "loss_chunks", "loss_hidden_bytes_per_element",
+                 "loss_head_grad_bytes", "cuda_graphs", "cuda_graph_warmup_reserve"),
 )
 
 BUILTIN: Final = MemoryProfile(
@@ -239,6 +324,14 @@ MEGATRON_DEEPSPEED: Final = replace(
 PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
     {p.name: p for p in (NANOTRON, MEGATRON, TORCHTITAN, BUILTIN)})
 
+# A framework's profile at one of its versions (the key of the adapter's SupportedVersion, what
+# a spec's run.framework_version names), where it is not the framework's own in PROFILES.
+VERSION_PROFILES: Final[Mapping[tuple[str, str], MemoryProfile]] = MappingProxyType(
+    {("torchtitan", "v0.3"): TORCHTITAN_03})
+
+_BY_NAME: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
+    {**PROFILES, **{p.name: p for p in VERSION_PROFILES.values()}})
+
 
 # The environment variables that configure PyTorch's CUDA caching allocator (the second is the
 # device-generic name that recent releases document, torch.cuda.memory.get_allocator_backend).
@@ -283,17 +376,27 @@ class Allocator:
                 f"{self.logits:g}, floor {self.floor_bytes / MiB:g} MiB")
 
 
-def profile_with(framework: str, allocator: Allocator | None) -> MemoryProfile:
-    """A framework's profile with `allocator`'s constants in place of its own (None: as fitted)."""
-    return get_profile(framework) if allocator is None else allocator.apply(framework)
+def profile_for(framework: str, version: str = "") -> MemoryProfile:
+    """The profile of `framework` at `version` (a SupportedVersion key, already resolved to the
+    adapter's default where a spec names none): its own in VERSION_PROFILES, else the
+    framework's."""
+    return VERSION_PROFILES.get((framework, version)) or get_profile(framework)
+
+
+def profile_with(framework: str, allocator: Allocator | None, version: str = "") -> MemoryProfile:
+    """The profile of `framework` at `version` (`profile_for`) with `allocator`'s constants in
+    place of its own (None: as fitted)."""
+    profile = profile_for(framework, version)
+    return profile if allocator is None else allocator.apply(profile)
 
 
 def get_profile(name: str | MemoryProfile) -> MemoryProfile:
-    """A profile by framework name; a MemoryProfile passes through (for frameworks outside PROFILES)."""
+    """A profile by name (a framework's, or a version's such as "torchtitan-0.3"); a
+    MemoryProfile passes through (for frameworks outside PROFILES)."""
     if isinstance(name, MemoryProfile):
         return name
     try:
-        return PROFILES[name]
+        return _BY_NAME[name]
     except KeyError:
         raise ValueError(
-            f"unknown memory profile {name!r}; known: {', '.join(PROFILES)}") from None
+            f"unknown memory profile {name!r}; known: {', '.join(_BY_NAME)}") from None

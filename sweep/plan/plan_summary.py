@@ -264,7 +264,7 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
     limit = space.memory_limit(spec)
     budget = space.RuleContext.from_spec(spec, model, limit).memory_budget_bytes
     lines = [f"{run_id}: {model.name} on {int(row['nodes'])} node(s), {layout.label()}",
-             f"framework profile: {spec.framework}"
+             f"framework profile: {spec.memory_profile.name}"
              + (" (the spec's allocator constants)" if spec.allocator else "")
              + f", seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]

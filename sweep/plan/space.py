@@ -191,16 +191,21 @@ class RuleContext:
                    allocator=spec.allocator, reserved_band=spec.reserved_band,
                    memory_on_tensors=found is not None and found.device.host_share)
 
+    @property
+    def version_key(self) -> str:
+        """The framework version the runs are rendered for: the spec's, else the adapter's default."""
+        return get_adapter(self.framework).version(self.framework_version or None).key
+
     def memory_profile(self) -> MemoryProfile:
-        """The framework's memory profile, with the spec's allocator constants if it names them."""
-        return profile_with(self.framework, self.allocator)
+        """The memory profile of the framework at that version, with the spec's allocator
+        constants if it names them."""
+        return profile_with(self.framework, self.allocator, self.version_key)
 
     def capability_context(self) -> CapabilityContext:
-        adapter = get_adapter(self.framework)
         return CapabilityContext(
             model=self.model, dtype=self.dtype, seq_len=self.seq_len,
             gpus_per_node=self.gpus_per_node, global_batch_sequences=self.global_batch_sequences,
-            framework_version=adapter.version(self.framework_version or None).key,
+            framework_version=self.version_key,
             overlap_communication=self.overlap_communication,
             tp_comm_overlap=self.tp_comm_overlap, gpu=self.gpu)
 

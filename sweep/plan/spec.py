@@ -534,9 +534,11 @@ class Spec(_Strict):
 
     @property
     def memory_profile(self) -> MemoryProfile:
-        """The framework's memory profile, with the spec's allocator constants where it names
-        them: every memory prediction of this sweep uses it."""
-        return profile_with(self.framework, self.allocator)
+        """The memory profile of the framework at the version the runs are rendered for
+        (run.framework_version, else the adapter's default), with the spec's allocator constants
+        where it names them: every memory prediction of this sweep uses it."""
+        version = get_adapter(self.framework).version(self.run.framework_version).key
+        return profile_with(self.framework, self.allocator, version)
 
     @property
     def reserved_band(self) -> tuple[float, float]:
