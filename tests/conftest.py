@@ -3,6 +3,7 @@ cluster, and a sweep name unique to a test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Iterator
@@ -106,8 +107,42 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     reference data) are built once; the live-cluster tests, which share the local cluster's four
     nodes and of which some kill a node's slurmd, run one at a time on one worker."""
     for item in items:
-        group = "slurm" if item.get_closest_marker("slurm") else item.nodeid.split("::")[0]
+        if item.get_closest_marker("slurm"):
+            group = "slurm"
+        elif "demo_sweep" in getattr(item, "fixturenames", ()):
+            group = "demo"  # the session's demo sweep is run once, by one worker
+        else:
+            group = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A test marked `alone` runs while no other test on this machine runs (its set-up and
+    tear-down included): it leaves processes that the product is right to clean up from any job
+    on the machine (a dead watchdog's tree), so no other sweep may start meanwhile, whether in
+    another pytest-xdist worker or in another test session of this user. The others share."""
+    with run_barrier(alone=item.get_closest_marker("alone") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def run_barrier(*, alone: bool) -> Iterator[None]:
+    """A readers-writer lock on two files of this user, fair to the writer: each test takes a
+    turnstile on its way in, and an `alone` test holds it until it has the room to itself, so
+    tests that arrive while it waits queue behind it instead of starving it."""
+    import fcntl
+    import tempfile
+
+    stem = Path(tempfile.gettempdir()) / f"llm-sweep-tests-{os.getuid()}"
+    with open(f"{stem}.turnstile", "a+") as turnstile, open(f"{stem}.room", "a+") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
 
 
 def slurm_available() -> bool:

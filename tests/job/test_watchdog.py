@@ -162,6 +162,7 @@ def test_slurm_signals_stop_the_tree_and_say_why(run: Run, signum: int, outcome:
     assert run.survivors() == []
 
 
+@pytest.mark.alone  # its stale processes are fair game for any other test's watchdog
 def test_stale_processes_of_a_dead_watchdog_are_cleaned_but_a_live_runs_are_not(
         tmp_path: Path) -> None:
     stale, live, fresh = (Run(tmp_path / name, startup_timeout_s=120)
