@@ -697,17 +697,11 @@ def _autocast_casts(cfg: _Config, params: _StageParameters, acts: _StageActivati
 
 
 def _fragmentation(cfg: _Config, acts: _StageActivations) -> np.ndarray:
-    """What the caching allocator holds beyond live tensors (the module docstring says why);
-    under a CUDA graph also the blocks its eager warm-up step left cached beside the graph's
-    private pool."""
+    """What the caching allocator holds beyond live tensors (the module docstring says why)."""
     prof = cfg.prof
-    held = (prof.fragmentation_sequential * acts.activations / acts.in_flight
+    return (prof.fragmentation_sequential * acts.activations / acts.in_flight
             + prof.fragmentation_pipelined * acts.activations * (1.0 - 1.0 / acts.in_flight)
             + prof.fragmentation_logits * acts.logits + prof.reserved_floor_bytes)
-    if not prof.cuda_graphs:
-        return held
-    warmup = prof.cuda_graph_warmup_reserve * (acts.activations + acts.logits)
-    return held + np.where(_cuda_graphed(cfg), warmup, 0.0)
 
 
 def _runtime_overhead(cfg: _Config) -> np.ndarray:

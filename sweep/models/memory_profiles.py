@@ -127,12 +127,12 @@ class MemoryProfile:
     # gradient in the reduce dtype: it turns the head's gradient sync off until the last chunk
     loss_head_grad_bytes: float = 0.0
     # The forward-backward step is captured in a CUDA graph where the framework allows it (one
-    # pipeline stage, no expert parallelism): the graph's tensors live in a private pool, the
-    # eager warm-up step before the capture leaves this share of the step's transient memory
-    # (activations and logits) cached in the ordinary pool beside it, and the gradients are
-    # zeroed in place each step, never freed (`zero_grad(set_to_none=False)`)
+    # pipeline stage, no expert parallelism), and the gradients are zeroed in place each step,
+    # never freed (`zero_grad(set_to_none=False)`), so the activation peak holds them. The
+    # graph's private pool is sized by the step it captured, as the eager step's cache is, and
+    # the eager warm-up's cached blocks are released before the capture
+    # (torch/cuda/graphs.py `graph.__enter__` calls `torch.cuda.empty_cache()`, torch 2.13)
     cuda_graphs: bool = False
-    cuda_graph_warmup_reserve: float = 1.0
     # What the loss holds per logit at the end of its forward. Counted only where that moment can
     # be the peak: torch.autocast caches the bf16 cast of every weight it casts until its region
     # exits (`cache_enabled`, the default), so at the end of the forward every layer's cast is
@@ -232,10 +232,9 @@ TORCHTITAN_03: Final = replace(
         "torchtitan 0.3 (FSDP2 as 0.2): fused QKV, so selective AC keeps wqkv, w1 and w2; the "
         "chunked loss (8 chunks) holds one chunk's logits, an fp32 gradient buffer and bf16 copies "
         "of the hidden states, and under FSDP the LM head's whole fp32 gradient; the step is a "
-        "CUDA graph at pp = 1 and ep = 1 (gradients zeroed, not freed; the eager warm-up's blocks "
-        "stay reserved beside the graph's pool). Read from the source, not yet validated on a GPU: "
-        "loss_chunks, loss_hidden_bytes_per_element, loss_head_grad_bytes, cuda_graphs, "
-        "cuda_graph_warmup_reserve, selective_saves"),
+        "CUDA graph at pp = 1 and ep = 1, whose gradients are zeroed, not freed. Read from the "
+        "source, not yet validated on a GPU: selective_saves, loss_chunks, "
+        "loss_hidden_bytes_per_element, loss_head_grad_bytes, cuda_graphs"),
     # models/llama3/__init__.py builds every flavor with `fuse_qkv=True` (qwen3's too): one wqkv
     # linear (models/common/attention.py FusedQKVLinear). SelectiveAC (distributed/
     # activation_checkpoint.py) saves "all compute/comm ops, except every second mm/linear",
@@ -255,14 +254,14 @@ TORCHTITAN_03: Final = replace(
     # the head's unsharded gradient, accumulated in the fp32 reduce dtype
     loss_head_grad_bytes=4.0,
     # config/configs.py TrainingConfig `disable_cuda_graphs: bool = False`; trainer.py wraps the
-    # forward-backward in distributed/cudagraph.py `wrap_with_cuda_graph` (one eager warm-up call
-    # on the graph's stream, then capture into `torch.cuda.graph_pool_handle()`, no empty_cache
-    # between them) and starts each step with `zero_grad(set_to_none=disable_cuda_graphs)`;
-    # Trainer.Config._validate_cuda_graphs refuses them with pipeline parallelism and with expert
-    # parallelism's default dispatchers, so those runs disable them
-    cuda_graphs=True, cuda_graph_warmup_reserve=1.0,
+    # forward-backward in distributed/cudagraph.py `wrap_with_cuda_graph` (one eager warm-up
+    # call, then the capture into one shared `torch.cuda.graph_pool_handle()`) and starts each
+    # step with `zero_grad(set_to_none=self.config.training.disable_cuda_graphs)`;
+    # Trainer.Config._validate_cuda_graphs refuses CUDA graphs with pipeline parallelism and with
+    # expert parallelism's default token dispatchers, so those runs disable them
+    cuda_graphs=True,
     unvalidated=("selective_saves", "loss_chunks", "loss_hidden_bytes_per_element",
-                 "loss_head_grad_bytes", "cuda_graphs", "cuda_graph_warmup_reserve"),
+                 "loss_head_grad_bytes", "cuda_graphs"),
 )
 
 BUILTIN: Final = MemoryProfile(
