@@ -277,7 +277,10 @@ class _Config:
     @cached_property
     def expert_tp(self) -> np.ndarray | float:
         """How many ways TP shards each expert's weights: tp, or 1 where the profile keeps every
-        expert whole on each TP rank (`MemoryProfile.experts_shard_over_tp`)."""
+        expert whole on each TP rank (`MemoryProfile.experts_shard_over_tp`), or where EP is on
+        and the profile's TP shards experts only without it (`expert_tp_only_without_ep`)."""
+        if self.prof.experts_shard_over_tp and self.prof.expert_tp_only_without_ep:
+            return np.where(self.layouts.ep > 1, 1.0, self.layouts.tp)
         return self.layouts.tp if self.prof.experts_shard_over_tp else 1.0
 
     @cached_property
@@ -405,6 +408,8 @@ class _Shards:
 def _zero_shards(cfg: _Config) -> _Shards:
     lay = cfg.layouts
     cp = lay.cp if cfg.prof.zero_shards_over_cp else 1.0
+    if cfg.prof.expert_tp_only_without_ep:  # under EP the TP ranks shard the experts' state
+        return _Shards(lay.dp * lay.ep * cp, lay.dp * cp * np.where(lay.ep > 1, lay.tp, 1.0))
     return _Shards(lay.dp * lay.ep * cp, lay.dp * cp)
 
 

@@ -71,6 +71,10 @@ class MemoryProfile:
     # TP shards each expert's weights (and its FFN activations), or every TP rank keeps its EP
     # share of the experts whole and runs them on the tokens it holds (nanotron main's GroupedMLP)
     experts_shard_over_tp: bool = True
+    # ... but only without expert parallelism: with EP > 1 each TP rank keeps its EP share of the
+    # experts whole for compute, and the TP ranks join the experts' ZeRO group instead (torchtitan
+    # 0.3: ETP = 1 under EP, ParallelDims `efsdp = dp_shard * cp * tp // ep`)
+    expert_tp_only_without_ep: bool = False
     weights_shard_from_zero: int = 3  # FSDP2 shards the stored (fp32) params already at "ZeRO-2"
     # --- transients ---
     zero1_gather_bytes: float = 0.0  # ZeRO-1: all-gather buffer of updated params (+ its input shard)
@@ -232,9 +236,10 @@ TORCHTITAN_03: Final = replace(
         "torchtitan 0.3 (FSDP2 as 0.2): fused QKV, so selective AC keeps wqkv, w1 and w2; the "
         "chunked loss (8 chunks) holds one chunk's logits, an fp32 gradient buffer and bf16 copies "
         "of the hidden states, and under FSDP the LM head's whole fp32 gradient; the step is a "
-        "CUDA graph at pp = 1 and ep = 1, whose gradients are zeroed, not freed. Read from the "
-        "source, not yet validated on a GPU: selective_saves, loss_chunks, "
-        "loss_hidden_bytes_per_element, loss_head_grad_bytes, cuda_graphs"),
+        "CUDA graph at pp = 1 and ep = 1, whose gradients are zeroed, not freed; under EP the "
+        "experts are not TP-sharded (the TP ranks join their FSDP group). Read from the source, "
+        "not yet validated on a GPU: selective_saves, loss_chunks, loss_hidden_bytes_per_element, "
+        "loss_head_grad_bytes, cuda_graphs, expert_tp_only_without_ep"),
     # models/llama3/__init__.py builds every flavor with `fuse_qkv=True` (qwen3's too): one wqkv
     # linear (models/common/attention.py FusedQKVLinear). SelectiveAC (distributed/
     # activation_checkpoint.py) saves "all compute/comm ops, except every second mm/linear",
@@ -260,8 +265,14 @@ TORCHTITAN_03: Final = replace(
     # Trainer.Config._validate_cuda_graphs refuses CUDA graphs with pipeline parallelism and with
     # expert parallelism's default token dispatchers, so those runs disable them
     cuda_graphs=True,
+    # distributed/parallel_dims.py: the sparse mesh (pp, dp_replicate, efsdp, ep) with
+    # `efsdp = fsdp * self.tp // self.ep`; models/common/moe_sharding.py
+    # `_routed_experts_sharding_configs`: with EP the experts take `expert_param_placement_sparse()`
+    # (no TP placement) and their input the sequence-parallel placement (each TP rank routes its
+    # share of the tokens), without EP `expert_param_placement_dense(tp_placement=...)`
+    expert_tp_only_without_ep=True,
     unvalidated=("selective_saves", "loss_chunks", "loss_hidden_bytes_per_element",
-                 "loss_head_grad_bytes", "cuda_graphs"),
+                 "loss_head_grad_bytes", "cuda_graphs", "expert_tp_only_without_ep"),
 )
 
 BUILTIN: Final = MemoryProfile(
