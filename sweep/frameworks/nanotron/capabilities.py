@@ -5,6 +5,10 @@ Each rule quotes nanotron at the supported version it applies to (`config_schema
 generic planner rules already prune (tp dividing the heads and KV heads, 1F1B's grad_acc >=
 pp - 1, ep without a MoE model, every pipeline stage getting a block) is not repeated here.
 
+A MoE model renders at main as a Qwen2Config with `moe_config` (the template,
+templates/launch/nanotron.yaml.j2); what that model cannot run is below (`moe_pipeline`,
+`moe_fp16`, `expert_parallel`), and at the playbook's commit there is no MoE at all (`moe_model`).
+
 Pure: no I/O.
 """
 
@@ -46,6 +50,19 @@ def _moe_model(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
     return _everywhere(columns, ctx.model.num_experts > 0)
 
 
+def _moe_pipeline(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    return (columns["pp"] > 1) & (ctx.model.num_experts > 0)
+
+
+def _moe_fp16(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    return _everywhere(columns, ctx.model.num_experts > 0 and ctx.dtype == "fp16")
+
+
+def _head_dim(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    model = ctx.model
+    return _everywhere(columns, model.head_dim != model.hidden_size // model.num_attention_heads)
+
+
 def _fp8(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
     return _everywhere(columns, ctx.dtype == "fp8")
 
@@ -63,22 +80,37 @@ def _selective_recompute(columns: Columns, ctx: CapabilityContext) -> np.ndarray
 
 
 def _ffn_over_tp(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
-    return ctx.model.ffn_hidden_size % columns["tp"] != 0
+    return (ctx.model.ffn_hidden_size % columns["tp"] != 0) & (ctx.model.num_experts == 0)
 
 
 RULES: Final[tuple[CapabilityRule, ...]] = (
     CapabilityRule(
         "moe_model",
-        "nanotron's LlamaConfig/LlamaForTraining, the model llm-sweep renders, has no experts; "
-        "nanotron's MoE is Qwen2Config.moe_config (main only, not rendered by llm-sweep) or "
-        "examples/moe (not a core model)",
-        "config/models_config.py, models/llama.py @2411b022 and @e24d2483",
-        _moe_model),
+        "this commit has no Qwen2Config and no MoEConfig: its one core model with a Llama "
+        "shape, LlamaConfig/LlamaForTraining, has no experts (examples/moe is no core model)",
+        "config/models_config.py, models/llama.py @e24d2483",
+        _at(PLAYBOOK, _moe_model)),
+    CapabilityRule(
+        "moe_pipeline",
+        "a MoE model is a Qwen2Config, and Qwen2Model.forward calls position_ids.numel(), which "
+        "on every pipeline rank but the first is a TensorPointer (the data generator feeds the "
+        "first stage only), so pp > 1 fails in the first forward",
+        "models/qwen.py Qwen2Model.forward, data/dataloader.py dummy_infinite_data_generator "
+        "@2411b022",
+        _at(MAIN, _moe_pipeline)),
+    CapabilityRule(
+        "moe_fp16",
+        "the experts run grouped_gemm's ops.gmm, which checks that its operands are bfloat16",
+        "nn/moe.py GroupedMLP @2411b022; fanshiqing/grouped_gemm csrc/grouped_gemm.cu "
+        "GroupedGemm (TORCH_CHECK(a.scalar_type() == torch::kBFloat16))",
+        _at(MAIN, _moe_fp16)),
     CapabilityRule(
         "expert_parallel",
-        "ParallelContext asserts TP*CP*DP*PP == WORLD_SIZE, leaving expert_parallel_size out, so "
-        "ep > 1 cannot start",
-        "parallel/context.py ParallelContext.__init__ @2411b022",
+        "ParallelContext asserts TP*CP*DP*PP == WORLD_SIZE, leaving expert_parallel_size out, "
+        "then lays the ranks out as (ep, pp, dp, cp, tp), so ep > 1 cannot start; nor would "
+        "the MoE layer send tokens to experts on other ranks (each rank routes its tokens "
+        "over all experts while holding num_experts / ep of them)",
+        "parallel/context.py ParallelContext.__init__, nn/moe.py Qwen2MoELayer @2411b022",
         _at(MAIN, _expert_parallel)),
     CapabilityRule(
         "expert_parallel",
@@ -106,9 +138,10 @@ RULES: Final[tuple[CapabilityRule, ...]] = (
         _fp8),
     CapabilityRule(
         "fp32",
-        "the Llama attention always calls flash_attn_varlen_func, which supports fp16 and bf16 "
-        "only; nanotron never enables TF32 either",
-        "models/llama.py CoreAttention @2411b022 and @e24d2483",
+        "the Llama attention always calls flash_attn_varlen_func (Qwen2's, for MoE models, "
+        "flash_attn_varlen_kvpacked_func), which supports fp16 and bf16 only; nanotron never "
+        "enables TF32 either",
+        "models/llama.py CoreAttention @2411b022 and @e24d2483, models/qwen.py @2411b022",
         _fp32),
     CapabilityRule(
         "interleaved_1f1b",
@@ -125,7 +158,14 @@ RULES: Final[tuple[CapabilityRule, ...]] = (
     CapabilityRule(
         "ffn_over_tp",
         "TensorParallelRowLinear asserts in_features % tp == 0, and the MLP's down projection "
-        "takes the FFN width",
-        "parallel/tensor_parallel/nn.py @2411b022 and @e24d2483",
+        "takes the FFN width (a dense MLP: main's MoE experts are not sharded over TP)",
+        "parallel/tensor_parallel/nn.py @2411b022 and @e24d2483, nn/moe.py GroupedMLP @2411b022",
         _ffn_over_tp),
+    CapabilityRule(
+        "head_dim",
+        "LlamaConfig and Qwen2Config have no head_dim: the attention takes hidden_size // "
+        "num_attention_heads, so a model with another head width would run as a different model",
+        "models/llama.py CausalSelfAttention, models/qwen.py Qwen2Attention @2411b022; "
+        "models/llama.py @e24d2483",
+        _head_dim),
 )

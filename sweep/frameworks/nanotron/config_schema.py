@@ -21,10 +21,13 @@ model-building asserts that decide whether a layout runs (`_semantic_problems`),
 path of every problem.
 
 Where we differ from dacite, we are stricter, on purpose: a bool is not accepted as an int
-(dacite's `isinstance(True, int)` would take it); `model.model_config` must be a LlamaConfig
-(nanotron's Union also has Starcoder2Config, Qwen2Config and Any, none of which we render; at main
-a dict that is no LlamaConfig falls to `Any` and then fails in `Qwen2Config(**d)`); sections we
-always write as null (`lighteval`, `data_stages[].data.dataset`) are not mirrored and must be null.
+(dacite's `isinstance(True, int)` would take it); `model.model_config` must be a LlamaConfig, or at
+main a Qwen2Config (the model of MoE runs), tried in that order as dacite tries nanotron's
+`Union[LlamaConfig, Starcoder2Config, Qwen2Config, Any]` (we render no Starcoder2Config; at main a
+dict that builds no dataclass falls to `Any`, and `ModelArgs.__post_init__` then calls
+`Qwen2Config(**d)`, which leaves a nested `moe_config` a plain dict and fails on it, so we refuse
+such a dict outright); sections we always write as null (`lighteval`, `data_stages[].data.dataset`)
+are not mirrored and must be null.
 
 Pure: no I/O.
 """
@@ -224,9 +227,9 @@ _S3_UPLOAD = Struct("S3UploadArgs", (
 _LIGHTEVAL = NotMirrored("LightEvalConfig")
 
 
-def _model(llama: Struct, init_methods: tuple[Struct, ...]) -> Struct:
+def _model(model_config: Type_, init_methods: tuple[Struct, ...]) -> Struct:
     return Struct("ModelArgs", (
-        req("model_config", llama), req("init_method", Union_(init_methods)),
+        req("model_config", model_config), req("init_method", Union_(init_methods)),
         Field("dtype", opt(Choice(DTYPES))), Field("make_vocab_size_divisible_by", INT),
         Field("ddp_bucket_cap_mb", INT),
     ))
@@ -255,13 +258,41 @@ PLAYBOOK_CONFIG: Final = _config(
 # @2411b022: what main added since (context_parallel_size: b641237d, on main 2025-03-21).
 _METRICS_LOGGING = Struct("MetricsLoggingArgs", (Field("log_level", INT),
                                                  Field("log_detail_interval", INT)))
+_LLAMA_MAIN = _LLAMA_OLD.with_fields(Field("attention_bias", BOOL),
+                                     Field("_attn_implementation", opt(Choice(ATTENTION))),
+                                     Field("z_loss_enabled", BOOL),
+                                     Field("z_loss_coefficient", FLOAT))
+# config/models_config.py @2411b022 (MoE: 7bc99232, 2025-06-23). MoEConfig.__post_init__ and
+# Qwen2Config.__post_init__ are replayed in CHECKS below.
+MOE_CONFIG: Final = Struct("MoEConfig", (
+    Field("num_experts", INT), Field("top_k", INT), Field("moe_intermediate_size", INT),
+    Field("shared_expert_intermediate_size", INT), Field("router_aux_loss_coef", FLOAT),
+    Field("layers", ListOf(INT)), Field("enable_shared_expert", BOOL),
+    Field("token_dispatcher_type", STR),
+))
+QWEN2_CONFIG: Final = Struct("Qwen2Config", (
+    Field("bos_token_id", INT), Field("eos_token_id", INT), Field("hidden_act", STR),
+    Field("hidden_size", INT), Field("initializer_range", FLOAT), Field("intermediate_size", INT),
+    Field("is_qwen2_config", BOOL), Field("max_position_embeddings", INT),
+    Field("num_attention_heads", INT), Field("num_hidden_layers", INT),
+    Field("num_key_value_heads", opt(INT)), Field("pad_token_id", opt(INT)),
+    Field("pretraining_tp", INT), Field("rms_norm_eps", FLOAT),
+    Field("rope_scaling", opt(Opaque(dict))), Field("rope_theta", FLOAT),
+    Field("rope_interleaved", BOOL), Field("rope_seq_len_interpolation_factor", opt(FLOAT)),
+    Field("tie_word_embeddings", BOOL), Field("use_cache", BOOL), Field("vocab_size", INT),
+    Field("_attn_implementation", opt(Choice(ATTENTION))), Field("flex_attention_mask", opt(STR)),
+    Field("attention_bias", BOOL), Field("sliding_window_size", opt(INT)),
+    Field("z_loss_enabled", BOOL), Field("z_loss_coefficient", FLOAT),
+    Field("no_rope_layer", opt(INT)), Field("_fused_rotary_emb", BOOL),
+    Field("_fused_rms_norm", BOOL), Field("_use_qkv_packed", BOOL), Field("_use_doc_masking", BOOL),
+    Field("log_attn_probs", BOOL), Field("ring_attn_heads_k_stride", opt(INT)),
+    Field("moe_config", opt(MOE_CONFIG)),
+))
 MAIN_CONFIG: Final = _config(
     general=_GENERAL_OLD,
     parallelism=_PARALLELISM_OLD.with_fields(Field("context_parallel_size", INT)),
     model=_model(
-        _LLAMA_OLD.with_fields(Field("attention_bias", BOOL),
-                               Field("_attn_implementation", opt(Choice(ATTENTION))),
-                               Field("z_loss_enabled", BOOL), Field("z_loss_coefficient", FLOAT)),
+        Union_((_LLAMA_MAIN, QWEN2_CONFIG)),
         (_RANDOM_INIT_OLD.with_fields(Field("scaling_method", Choice(INIT_SCALING, upper=True))),
          *_INIT_METHODS_OLD[1:])),
     tokenizer=Field("tokenizer", opt(_TOKENIZER)),
@@ -441,10 +472,101 @@ def _heads(d: Mapping[str, Any], world: int | None, kv_at_least_tp: bool) -> str
     return None
 
 
+def _is_qwen2(d: Mapping[str, Any]) -> bool:
+    """Whether `model.model_config` loads as a Qwen2Config: dacite tries LlamaConfig first, and
+    the schema has passed, so a dict that is no LlamaConfig is a Qwen2Config (main only)."""
+    return bool(_check(_LLAMA_MAIN, d["model"]["model_config"], "model_config"))
+
+
+def _moe_config(d: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Qwen2Config's `moe_config`, or None (a LlamaConfig, or a Qwen2 model without experts)."""
+    return d["model"]["model_config"].get("moe_config") if _is_qwen2(d) else None
+
+
+def _moe_layers(d: Mapping[str, Any]) -> set[int]:
+    """The layers Qwen2DecoderLayer builds a Qwen2MoELayer for (`layers: [-1]`, the default, is
+    every layer: Qwen2Config.__post_init__)."""
+    moe = _moe_config(d)
+    if moe is None:
+        return set()
+    layers = moe.get("layers", [-1])
+    depth = d["model"]["model_config"].get("num_hidden_layers", 32)
+    return set(range(depth)) if layers == [-1] else set(layers)
+
+
 def _ffn(d: Mapping[str, Any], world: int | None) -> str | None:
-    ffn, tp = d["model"]["model_config"].get("intermediate_size", 11008), d["parallelism"]["tp"]
-    return None if ffn % tp == 0 else (
-        f"model.model_config.intermediate_size ({ffn}) must be divisible by tp ({tp})")
+    """The TP-sharded MLPs' widths: the dense MLP of every layer that has no experts, and a
+    Qwen2 MoE layer's shared expert; the experts themselves are not TP-sharded (nn/moe.py)."""
+    config, tp = d["model"]["model_config"], d["parallelism"]["tp"]
+    moe = _moe_config(d) or {}
+    widths = {}
+    if len(_moe_layers(d)) < config.get("num_hidden_layers", 32):
+        widths["intermediate_size"] = config.get("intermediate_size", 11008)
+    if moe.get("enable_shared_expert", False):
+        widths["moe_config.shared_expert_intermediate_size"] = moe.get(
+            "shared_expert_intermediate_size", 5632)
+    bad = [(key, width) for key, width in widths.items() if width % tp]
+    return None if not bad else (
+        f"model.model_config.{bad[0][0]} ({bad[0][1]}) must be divisible by tp ({tp})")
+
+
+def _moe_post_init(d: Mapping[str, Any], world: int | None) -> str | None:
+    moe = _moe_config(d)
+    if moe is None:
+        return None
+    top_k, experts = moe.get("top_k", 2), moe.get("num_experts", 8)
+    if top_k > experts:
+        return (f"model.model_config.moe_config.top_k ({top_k}) cannot be greater than "
+                f"num_experts ({experts})")
+    dispatcher = moe.get("token_dispatcher_type", "alltoall")
+    if dispatcher not in ("alltoall", "allgather"):
+        return ("model.model_config.moe_config.token_dispatcher_type must be one of "
+                f"['alltoall', 'allgather'], got {dispatcher!r}")
+    return None
+
+
+def _qwen2_post_init(d: Mapping[str, Any], world: int | None) -> str | None:
+    if not _is_qwen2(d):
+        return None
+    config = d["model"]["model_config"]
+    attention = config.get("_attn_implementation", "flash_attention_2")
+    ring = attention == "llama3_ring_attention"
+    if config.get("sliding_window_size") is not None and attention not in (
+            "flex_attention", "flash_attention_2", "llama3_ring_attention"):
+        return "model.model_config.sliding_window_size: only with flex or flash attention 2"
+    if config.get("flex_attention_mask") is not None and attention != "flex_attention":
+        return "model.model_config.flex_attention_mask: only with flex_attention"
+    no_rope = config.get("no_rope_layer")
+    if no_rope is not None and config.get("num_hidden_layers", 32) % no_rope:
+        return "model.model_config.no_rope_layer must divide num_hidden_layers"
+    if (config.get("ring_attn_heads_k_stride") is None) == ring:
+        return ("model.model_config.ring_attn_heads_k_stride: must be set exactly for "
+                "llama3_ring_attention")
+    return None
+
+
+def _expert_parallel_main(d: Mapping[str, Any], world: int | None) -> str | None:
+    """ep > 1 never starts, whatever the world size: ParallelContext asserts TP*CP*DP*PP ==
+    WORLD_SIZE and then reshapes the ranks to (ep, pp, dp, cp, tp)."""
+    ep = d["parallelism"].get("expert_parallel_size", 1)
+    return None if ep == 1 else (
+        f"parallelism.expert_parallel_size ({ep}): ParallelContext asserts TP*CP*DP*PP == "
+        "WORLD_SIZE, then lays the ranks out as (ep, pp, dp, cp, tp), which only ep = 1 "
+        "satisfies; nor does the MoE layer send tokens to experts on other ranks")
+
+
+def _qwen2_pipeline(d: Mapping[str, Any], world: int | None) -> str | None:
+    pp = d["parallelism"]["pp"]
+    return None if pp == 1 or not _is_qwen2(d) else (
+        f"parallelism.pp ({pp}): Qwen2Model.forward calls position_ids.numel(), and on every "
+        "pipeline rank but the first position_ids is a TensorPointer")
+
+
+def _moe_needs_bfloat16(d: Mapping[str, Any], world: int | None) -> str | None:
+    dtype = d["model"].get("dtype") or "bfloat16"
+    return None if not _moe_layers(d) or dtype == "bfloat16" else (
+        f"model.dtype ({dtype}): the experts' grouped GEMM (grouped_gemm ops.gmm) takes "
+        "bfloat16 only")
 
 
 def _async_needs_reduce_scatter(d: Mapping[str, Any], world: int | None) -> str | None:
@@ -482,6 +604,15 @@ CHECKS: Final[tuple[Check, ...]] = (
     Check("models/llama.py CausalSelfAttention @e24d2483",
           lambda d, w: _heads(d, w, kv_at_least_tp=False), (PLAYBOOK,)),
     Check("parallel/tensor_parallel/nn.py TensorParallelRowLinear (down_proj)", _ffn),
+    Check("config/models_config.py MoEConfig.__post_init__ @2411b022", _moe_post_init, (MAIN,)),
+    Check("config/models_config.py Qwen2Config.__post_init__ @2411b022", _qwen2_post_init,
+          (MAIN,)),
+    Check("parallel/context.py ParallelContext, nn/moe.py Qwen2MoELayer @2411b022",
+          _expert_parallel_main, (MAIN,)),
+    Check("models/qwen.py Qwen2Model.forward, data/dataloader.py dummy_infinite_data_generator "
+          "@2411b022", _qwen2_pipeline, (MAIN,)),
+    Check("nn/moe.py GroupedMLP @2411b022, grouped_gemm csrc/grouped_gemm.cu GroupedGemm",
+          _moe_needs_bfloat16, (MAIN,)),
     Check("parallel/tensor_parallel/nn.py TensorParallelRowLinear", _async_needs_reduce_scatter),
     Check("parallel/pipeline_parallel/engine.py OneForwardOneBackwardPipelineEngine", _one_f_one_b),
     Check("trainer.py DistributedTrainer._load_model_checkpoint @2411b022",

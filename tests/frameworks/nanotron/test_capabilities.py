@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sweep.core.catalog import get_model
+from sweep.core.model import ModelShape
 from sweep.frameworks import get_adapter
 from sweep.frameworks.base import CapabilityContext
 from sweep.frameworks.capability_check import capability_failures
@@ -32,7 +33,7 @@ def columns(**overrides: object) -> dict[str, np.ndarray]:
     return out
 
 
-def context(version: str = MAIN, dtype: str = "bf16", model: object = DENSE) -> CapabilityContext:
+def context(version: str = MAIN, dtype: str = "bf16", model: ModelShape = DENSE) -> CapabilityContext:
     return CapabilityContext(model=model, dtype=dtype, seq_len=4096, gpus_per_node=8,
                              global_batch_sequences=64, framework_version=version)
 
@@ -69,14 +70,48 @@ def test_dtype_rules(dtype: str, rule: str | None) -> None:
     assert failing(columns(), context(dtype=dtype)) == [rule, rule]
 
 
-def test_a_moe_model_is_never_rendered_as_a_dense_llama() -> None:
-    moe = get_model("mixtral-8x7b")
-    assert failing(columns(), context(model=moe)) == ["moe_model", "moe_model"]
+MOE = get_model("mixtral-8x7b")
+
+
+def test_the_playbook_commit_has_no_moe_at_all() -> None:
+    assert failing(columns(), context(PLAYBOOK, model=MOE)) == ["moe_model", "moe_model"]
+
+
+@pytest.mark.parametrize(("overrides", "dtype", "rule"), [
+    ({}, "bf16", None),
+    ({"tp": 8, "sp": True, "recompute": "full", "zero_stage": 1}, "bf16", None),
+    ({"tp": 8, "sp": False}, "bf16", None),
+    ({"pp": 2}, "bf16", "moe_pipeline"),
+    ({"pp": 2, "pp_schedule": "gpipe"}, "bf16", "moe_pipeline"),
+    ({"ep": 2}, "bf16", "expert_parallel"),
+    ({"ep": 8}, "bf16", "expert_parallel"),
+])
+def test_main_runs_moe_without_pipeline_or_expert_parallelism(
+        overrides: dict[str, object], dtype: str, rule: str | None) -> None:
+    assert failing(columns(**overrides), context(MAIN, dtype, MOE)) == [rule, None]
+
+
+def test_main_s_experts_take_bfloat16_only() -> None:
+    assert failing(columns(), context(MAIN, "fp16", MOE)) == ["moe_fp16", "moe_fp16"]
+    assert failing(columns(), context(MAIN, "fp16", DENSE)) == [None, None]
 
 
 def test_the_ffn_width_must_split_over_tp() -> None:
     odd = replace(DENSE, ffn_hidden_size=14336 + 4)
     assert failing(columns(tp=8), context(model=odd)) == ["ffn_over_tp", None]
+
+
+def test_main_s_experts_are_not_split_over_tp_so_their_width_need_not_divide() -> None:
+    odd = replace(MOE, ffn_hidden_size=14336 + 4, moe_ffn_hidden_size=14336 + 4)
+    assert failing(columns(tp=8), context(MAIN, model=odd)) == [None, None]
+
+
+@pytest.mark.parametrize("version", [MAIN, PLAYBOOK])
+def test_a_head_width_nanotron_cannot_express_is_pruned(version: str) -> None:
+    """nanotron's attention takes hidden_size // heads: 256-wide heads on Llama-3.1-8B's 4096
+    hidden size and 32 heads would run as 128-wide ones."""
+    wide = replace(DENSE, head_dim=256)
+    assert failing(columns(), context(version, model=wide)) == ["head_dim", "head_dim"]
 
 
 def test_the_planner_prunes_with_nanotron_s_reason() -> None:

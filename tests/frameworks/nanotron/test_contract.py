@@ -8,6 +8,12 @@ renderer: dp/tp/pp, ZeRO 0 and 1, no and full recompute, sequence parallelism on
 1f1b and afab (gpipe) engines, tied and untied, MHA and GQA models, bf16, at both versions. The
 negative tests show the validator can fail: a misspelt key, a wrong type, a missing field, and
 the context-parallel key at the playbook's commit.
+
+MoE models render at main as a Qwen2Config with `moe_config` (nn/moe.py's experts): a family of
+MoE shapes over dp/tp/sp, ZeRO 0 and 1, recompute, with pp and ep axes that nanotron cannot run,
+loads strictly where kept, and what the capability table prunes is exactly what the mirror
+rejects. Negative tests: a misspelt MoE key, top_k above the expert count, ep > 1, pp > 1, fp16
+experts, and the MoE config at the playbook's commit.
 """
 
 from __future__ import annotations
@@ -206,8 +212,9 @@ def test_layout_asserts_replayed(main_yaml: dict[str, Any]) -> None:
 
 
 def test_a_run_the_capability_table_would_prune_does_not_render(rendered: tuple[str, list]) -> None:
-    """Rendered anyway (bypassing the planner), an interleaved or MoE run fails instead of
-    becoming a plain 1F1B or dense run."""
+    """Rendered anyway (bypassing the planner), an interleaved, selective-recompute or
+    wide-head run fails instead of becoming a plain 1F1B, fully recomputed or narrower-headed
+    run, and so does a MoE run at the playbook's commit instead of becoming a dense one."""
     version, runs = rendered
     config = runs[0][0]
     env = render.make_environment()
@@ -215,6 +222,201 @@ def test_a_run_the_capability_table_would_prune_does_not_render(rendered: tuple[
     interleaved = replace(config, layout=replace(config.layout, pp_schedule="interleaved_1f1b"))
     moe = replace(config, model=replace(config.model, num_experts=8, experts_per_token=2))
     selective = replace(config, layout=replace(config.layout, recompute="selective"))
-    for bad in (interleaved, moe, selective):
+    wide_heads = replace(config, model=replace(config.model, head_dim=2 * config.model.head_dim))
+    for bad in (interleaved, selective, wide_heads, *((moe,) if version == PLAYBOOK else ())):
         with pytest.raises(render.RenderError):
             render.render_files(env, bad, Path("/r") / bad.run_id, names)
+    if version == MAIN:  # a MoE model renders as one: a Qwen2Config with its experts
+        files = render.render_files(env, moe, Path("/r") / moe.run_id, names)
+        model_config = yaml.safe_load(files["launch/nanotron.yaml"])["model"]["model_config"]
+        assert model_config["moe_config"]["num_experts"] == 8
+
+
+# MoE at main ---------------------------------------------------------------------------------
+
+MOE_FAMILY = """
+name: nanotron-moe-contract
+framework: nanotron
+gpu: h100-sxm
+gpus_per_node: 8
+dtype: bf16
+models:
+{models}
+nodes: [{nodes}]
+seq_len: 4096
+global_batch: {{sequences: 64}}
+axes:
+  pp: [1, 2]
+  ep: [1, 2, 4]
+  mbs: [1, 2]
+  zero_stage: [0, 1]
+  recompute: [none, full]
+  sp: [true, false]
+  pp_schedule: [1f1b, gpipe]
+run: {{framework_version: {version}}}
+"""
+MOE_MODELS = """\
+  - {name: moe-4e-4l, num_layers: 4, hidden_size: 256, num_attention_heads: 4, num_kv_heads: 2,
+     ffn_hidden_size: 512, vocab_size: 1024, tie_word_embeddings: true, num_experts: 4,
+     experts_per_token: 2}
+  - {name: moe-8e-8l, num_layers: 8, hidden_size: 1024, num_attention_heads: 8, num_kv_heads: 8,
+     ffn_hidden_size: 768, vocab_size: 32000,
+     tie_word_embeddings: false, num_experts: 8, experts_per_token: 2}"""
+MOE_VARIETY = [*VARIETY, "ep", "mbs"]
+# The statuses of the candidates that pass the planner's generic rules: whether nanotron accepts
+# them is the capability table's question (the memory rule comes after it).
+ASKED = ("kept", "pruned:framework", "pruned:memory")
+
+
+def moe_family(version: str = MAIN, models: str = MOE_MODELS, nodes: str = "1, 2") -> Spec:
+    return parse_spec(MOE_FAMILY.format(models=models, nodes=nodes, version=version))
+
+
+@pytest.fixture(scope="module")
+def moe_runs() -> list[tuple[RunConfig, dict[str, Any], str, str]]:
+    """(run config, loaded YAML, status, prune detail) for a spread of the MoE family's
+    candidates at main, the pruned ones rendered anyway (bypassing the planner)."""
+    spec = moe_family()
+    plan = space.plan(spec)
+    asked = plan[plan["status"].astype(str).isin(ASKED)]
+    sample = asked.groupby(MOE_VARIETY, observed=True).head(1)
+    env = render.make_environment()
+    names = render.launch_templates(env, "nanotron")
+    resolver = render.RunResolver(spec)
+    runs = []
+    rows = render.kept_rows(sample.drop(columns="status"))
+    for row, status in zip(rows, sample["status"].astype(str), strict=True):
+        config = resolver(row)
+        files = render.render_files(env, config, Path("/sweep/runs") / config.run_id, names)
+        runs.append((config, yaml.safe_load(files["launch/nanotron.yaml"]), status,
+                     str(row["prune_detail"])))
+    return runs
+
+
+def _world(config: RunConfig) -> int:
+    return config.nodes * config.gpus_per_node
+
+
+def test_the_moe_family_covers_what_nanotron_can_and_cannot_run(moe_runs: list) -> None:
+    kept = [config.layout for config, _, status, _ in moe_runs if status == space.KEPT]
+    assert len(kept) >= 30
+    assert {lay.zero_stage for lay in kept} == {0, 1}
+    assert {lay.recompute for lay in kept} == {"none", "full"}
+    assert {lay.sp for lay in kept} == {True, False}
+    assert max(lay.tp for lay in kept) > 1 and max(lay.dp for lay in kept) > 1
+    assert {config.model.tie_word_embeddings for config, _, _, _ in moe_runs} == {True, False}
+    pruned = [config.layout for config, _, status, _ in moe_runs if status == "pruned:framework"]
+    assert {lay.ep for lay in pruned} == {1, 2, 4} and {lay.pp for lay in pruned} == {1, 2}
+
+
+def test_every_kept_moe_run_loads_strictly_as_a_qwen2_moe(moe_runs: list) -> None:
+    for config, loaded, status, _ in moe_runs:
+        if status != space.KEPT:
+            continue
+        assert config_schema.problems(loaded, MAIN, _world(config)) == [], config.run_id
+        layout, model, par = config.layout, config.model, loaded["parallelism"]
+        qwen2 = loaded["model"]["model_config"]
+        assert qwen2["is_qwen2_config"] is True and "is_llama_config" not in qwen2
+        assert qwen2["moe_config"] == {
+            "num_experts": model.num_experts, "top_k": model.experts_per_token,
+            "moe_intermediate_size": model.moe_ffn_hidden_size, "layers": [-1],
+            "enable_shared_expert": False, "token_dispatcher_type": "alltoall"}
+        assert (qwen2["num_hidden_layers"], qwen2["hidden_size"], qwen2["num_attention_heads"],
+                qwen2["num_key_value_heads"], qwen2["vocab_size"], qwen2["tie_word_embeddings"]
+                ) == (model.num_layers, model.hidden_size, model.num_attention_heads,
+                      model.num_kv_heads, model.vocab_size, model.tie_word_embeddings)
+        assert (par["dp"], par["tp"], par["pp"], par["expert_parallel_size"]) == (
+            layout.dp, layout.tp, layout.pp, layout.ep)
+        assert par["tp_mode"] == ("REDUCE_SCATTER" if layout.sp else "ALL_REDUCE")
+        assert par["recompute_layer"] == (layout.recompute == "full")
+        assert loaded["optimizer"]["zero_stage"] == layout.zero_stage
+        assert loaded["model"]["dtype"] == "bfloat16"
+
+
+def test_the_pruned_moe_set_is_exactly_what_nanotron_rejects(moe_runs: list) -> None:
+    """Pruned by the capability table if and only if the mirror of nanotron main refuses the
+    rendered config, for the reason the rule gives."""
+    reasons = {"expert_parallel": "expert_parallel_size", "moe_pipeline": "position_ids.numel()"}
+    for config, loaded, status, detail in moe_runs:
+        found = config_schema.problems(loaded, MAIN, _world(config))
+        assert bool(found) == (status == "pruned:framework"), (config.run_id, found, detail)
+        if found:
+            rule = detail.split(":")[0]
+            assert any(reasons[rule] in problem for problem in found), (detail, found)
+
+
+def test_mixtral_is_pruned_by_memory_not_by_the_framework() -> None:
+    """nanotron main keeps every expert whole on each TP rank and has no EP, so Mixtral-8x7B's
+    45 B expert parameters are on every GPU: more than an H100 holds
+    (sweep.models.memory_profiles.NANOTRON, experts_shard_over_tp)."""
+    plan = space.plan(moe_family(models="  - mixtral-8x7b", nodes="4"))
+    one_stage = plan[(plan["pp"] == 1) & (plan["ep"] == 1)]
+    assert space.KEPT not in set(plan["status"].astype(str))
+    assert "pruned:memory" in set(one_stage["status"].astype(str))
+    assert set(one_stage["status"].astype(str)) <= {"pruned:memory", "pruned:tp_heads"}
+
+
+@pytest.fixture(scope="module")
+def moe_yaml(moe_runs: list) -> tuple[dict[str, Any], int]:
+    """The first kept MoE run's config and its world size."""
+    config, loaded, _, _ = next(run for run in moe_runs if run[2] == space.KEPT)
+    return loaded, _world(config)
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    ("model.model_config.moe_config.top_kk", 2,
+     r"model_config\.moe_config\.top_kk: unknown key for MoEConfig"),
+    ("model.model_config.moe_config.num_experts", "8",
+     r"model_config\.moe_config\.num_experts: expected int"),
+    ("model.model_config.moe_config.top_k", 16, r"top_k \(16\) cannot be greater than num_experts"),
+    ("model.model_config.moe_config.token_dispatcher_type", "deepep",
+     r"token_dispatcher_type must be one of"),
+    ("model.model_config.is_llama_config", True, r"is_llama_config: unknown key for Qwen2Config"),
+    ("model.dtype", "float16", r"grouped_gemm ops\.gmm\) takes bfloat16 only"),
+    ("parallelism.pp", 2, r"position_ids\.numel\(\)"),
+])
+def test_the_validator_rejects_what_nanotron_main_s_moe_would(
+        moe_yaml: tuple[dict[str, Any], int], path: str, value: Any, message: str) -> None:
+    loaded, _ = moe_yaml
+    with pytest.raises(config_schema.ConfigError, match=message):
+        config_schema.validate(_broken(loaded, path, value), MAIN)
+
+
+def test_a_qwen2_config_is_told_by_its_keys_as_dacite_tells_it(
+        moe_yaml: tuple[dict[str, Any], int]) -> None:
+    """dacite tries LlamaConfig first: without `is_qwen2_config`, `moe_config` alone still makes
+    the dict a Qwen2Config, and without both it is a LlamaConfig, whose checks then apply."""
+    loaded, world = moe_yaml
+    untagged = _broken(loaded, "model.model_config.is_qwen2_config", ...)
+    assert config_schema.problems(untagged, MAIN, world) == []
+    dense = _broken(untagged, "model.model_config.moe_config", ...)
+    dense = _broken(dense, "model.model_config.log_attn_probs", ...)
+    assert config_schema.problems(_broken(dense, "parallelism.pp", 2), MAIN) == []
+
+
+@pytest.mark.parametrize("world_has_ep", [False, True])
+def test_expert_parallelism_is_rejected_whatever_the_world_size(
+        moe_yaml: tuple[dict[str, Any], int], world_has_ep: bool) -> None:
+    """ParallelContext's product leaves ep out, and its (ep, pp, dp, cp, tp) layout counts it."""
+    loaded, world = moe_yaml
+    with_ep = _broken(loaded, "parallelism.expert_parallel_size", 2)
+    found = config_schema.problems(with_ep, MAIN, world * 2 if world_has_ep else world)
+    assert any("lays the ranks out as (ep, pp, dp, cp, tp)" in p for p in found), found
+    assert any("!= WORLD_SIZE" in p for p in found) == world_has_ep
+
+
+def test_the_moe_config_is_refused_at_the_playbook_commit(
+        moe_yaml: tuple[dict[str, Any], int]) -> None:
+    loaded, _ = moe_yaml
+    playbook = _broken(loaded, "parallelism.context_parallel_size", ...)
+    with pytest.raises(config_schema.ConfigError,
+                       match=r"model_config\.is_qwen2_config: unknown key for LlamaConfig"):
+        config_schema.validate(playbook, PLAYBOOK)
+
+
+def test_a_moe_spec_for_the_playbook_commit_plans_nothing_for_nanotron() -> None:
+    plan = space.plan(moe_family(PLAYBOOK))
+    assert space.KEPT not in set(plan["status"].astype(str))
+    framework = plan[plan["status"] == "pruned:framework"]
+    assert len(framework) and all(str(d).startswith("moe_model:")
+                                  for d in framework["prune_detail"])
