@@ -336,8 +336,13 @@ PROFILES: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
 
 # A framework's profile at one of its versions (the key of the adapter's SupportedVersion, what
 # a spec's run.framework_version names), where it is not the framework's own in PROFILES.
+# torchtitan main at b5bcd76 (the commit the contract tests pin) does what TORCHTITAN_03 cites as
+# 0.3.0 does: ChunkedLossWrapper (num_chunks 8, fp32 GradAccumulator, the head's sync off) in
+# the llama3 and qwen3 registries, `disable_cuda_graphs: bool = False` and
+# `zero_grad(set_to_none=...disable_cuda_graphs)`, `fuse_qkv=True`, SelectiveAC's every second
+# mm, `efsdp = fsdp * self.tp // self.ep`, and the same `_generate_llm_fqn_per_model_part`.
 VERSION_PROFILES: Final[Mapping[tuple[str, str], MemoryProfile]] = MappingProxyType(
-    {("torchtitan", "v0.3"): TORCHTITAN_03})
+    {("torchtitan", "v0.3"): TORCHTITAN_03, ("torchtitan", "main"): TORCHTITAN_03})
 
 _BY_NAME: Final[Mapping[str, MemoryProfile]] = MappingProxyType(
     {**PROFILES, **{p.name: p for p in VERSION_PROFILES.values()}})

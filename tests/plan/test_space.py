@@ -456,3 +456,46 @@ def test_zero_stages_of_a_single_replica_are_one_run() -> None:
     assert single.any() and (~single).any()
     assert set(columns["zero_stage"][single].tolist()) == {0}
     assert set(columns["zero_stage"][~single].tolist()) == {0, 1, 2, 3}
+
+
+# The memory profile of the framework's version ------------------------------------------------
+
+TITAN = """
+name: titan
+framework: torchtitan
+gpu: h100-sxm
+gpus_per_node: 8
+models: [llama-3.1-8b]
+nodes: [1]
+seq_len: 8192
+global_batch: {sequences: 64}
+axes:
+  tp: [1]
+  pp: [1]
+  mbs: [1, 2, 4, 8]
+  zero_stage: [3]
+  recompute: [full]
+run: {framework_version: VERSION}
+constraints: {memory_probes: false}
+"""
+
+
+def test_a_torchtitan_plan_estimates_memory_with_the_profile_of_the_version_it_renders_for() -> None:
+    """0.3's chunked loss holds one eighth of the logits: at seq 8192 an 8B model's micro-batch
+    of 4 sequences fits an H100 for torchtitan 0.3 and not for 0.2, whose whole fp32 logits
+    (40 GiB) do not; each plan's figures are its version's profile's, nothing else changes."""
+    from sweep.core.layout import LAYOUT_COLUMNS
+    from sweep.models.memory import estimate_columns
+    from sweep.models.memory_profiles import profile_for
+
+    plans = {v: space.plan(spec_from(TITAN, VERSION=v)) for v in ("v0.2", "v0.3")}
+    for version, plan in plans.items():
+        estimated = plan[plan.mem_total_bytes >= 0]
+        assert len(estimated) == len(plan)
+        columns = {k: estimated[k].to_numpy() for k in LAYOUT_COLUMNS}
+        expected = estimate_columns(get_model("llama-3.1-8b"), columns, seq_len=8192,
+                                    profile=profile_for("torchtitan", version))
+        assert (estimated.mem_total_bytes.to_numpy() == expected["mem_total_bytes"]).all(), version
+    kept = {v: set(p.loc[p.status == "kept", "mbs"]) for v, p in plans.items()}
+    assert kept["v0.2"] < kept["v0.3"] and 4 in kept["v0.3"] - kept["v0.2"]
+    assert (plans["v0.2"].loc[plans["v0.2"].mbs == 4, "status"] == "pruned:memory").all()

@@ -254,3 +254,17 @@ def test_a_key_given_twice_is_refused_not_silently_dropped() -> None:
     assert "appears twice (lines 6 and 7)" in error.message and "merge them" in error.message
     nested = error_of(MINIMAL + "run:\n  steps: 5\n  env: {A: '1'}\n  steps: 6\n")
     assert (nested.field, nested.line) == ("run.steps", 9)
+
+
+def test_the_memory_profile_is_the_one_of_the_framework_version_the_runs_are_rendered_for() -> None:
+    from sweep.frameworks import get_adapter
+    from sweep.models.memory_profiles import TORCHTITAN, TORCHTITAN_03, profile_for
+
+    def profile(version: str) -> str:
+        pinned = f"run: {{framework_version: {version}}}\n" if version else ""
+        return parse_spec(MINIMAL + "framework: torchtitan\n" + pinned).memory_profile.name
+
+    assert profile("v0.3") == TORCHTITAN_03.name
+    assert profile("v0.2") == profile("v0.2.0") == TORCHTITAN.name
+    default = get_adapter("torchtitan").default_version
+    assert profile("") == profile_for("torchtitan", default).name
