@@ -8,6 +8,11 @@ March 2025 (sweep/frameworks/nanotron/config_schema.py and parser.py say how):
   bc921993 (2025-03-21). Tested against 2411b022 (2026-04-07), the newest main commit we read.
 - ``playbook-e24d2483``: the commit of the Ultra-Scale Playbook's sweep (2025-02-19): no
   `context_parallel_size` key (the strict loader rejects it), `elapsed_time_per_iteration_ms`.
+
+Dense models render as nanotron's LlamaConfig at both. Mixture-of-experts models render at main
+as its Qwen2Config with `moe_config` (models/qwen.py, nn/moe.py @2411b022), whose experts every
+TP rank holds whole and which runs without pipeline or expert parallelism (capabilities.py says
+why); the playbook's commit has no MoE.
 """
 
 from __future__ import annotations
@@ -60,5 +65,12 @@ ADAPTER = FrameworkAdapter(
         "(sweep.models.memory.stage_block_counts replays its assignment)",
         "only one rank logs the step line (dp 0, tp 0, the last pipeline stage); ' Memory usage' "
         "lines come from rank 0, '[After model building]' lines from every (tp, pp) rank",
+        "MoE (main): a Qwen2Config with moe_config; every TP rank holds its experts whole "
+        "(nn/moe.py GroupedMLP) and runs them on the tokens it holds; pp = 1, ep = 1, bf16; "
+        "softmax top-k routing without renormalisation and no load-balancing loss; the "
+        "grouped_gemm package must be installed (nanotron main imports it for every run)",
+        "the step line's model_tflops_per_gpu of a MoE run counts one dense MLP of "
+        "intermediate_size per layer (Qwen2Model.get_flops_per_sec), not the top-k experts; "
+        "llm-sweep's MFU is its own count of active parameters",
     ),
 )
