@@ -182,3 +182,100 @@ def test_hfu_mirrors_mfu() -> None:
     assert hfu(tps, hardware, PLAYBOOK_PEAK) > mfu(tps, flops_per_token(shape, 4096), PLAYBOOK_PEAK)
     with pytest.raises(ValueError):
         hfu(1.0, 1.0, 0.0)
+
+
+# ------------------------------------------------------------------ MoE: active parameters, by hand
+
+# Mixtral-8x7B from its config.json (mistralai/Mixtral-8x7B-v0.1), written out here rather than
+# read from the catalog, so that the counts below are a hand computation independent of
+# sweep.core.model.count_parameters.
+MIX_L, MIX_H, MIX_HEADS, MIX_KV_HEADS, MIX_HEAD_DIM = 32, 4096, 32, 8, 128
+MIX_FFN, MIX_VOCAB, MIX_EXPERTS, MIX_TOP_K = 14336, 32000, 8, 2
+
+
+def _mixtral_by_hand() -> dict[str, int]:
+    q, kv = MIX_HEADS * MIX_HEAD_DIM, MIX_KV_HEADS * MIX_HEAD_DIM
+    attention = MIX_H * q + 2 * MIX_H * kv + q * MIX_H  # wq, wk, wv, wo
+    expert = 3 * MIX_H * MIX_FFN  # w1, w3, w2 (SwiGLU)
+    router, norms = MIX_H * MIX_EXPERTS, 2 * MIX_H
+    embedding = head = MIX_VOCAB * MIX_H  # untied
+    per_layer_active = attention + MIX_TOP_K * expert + router + norms
+    per_layer_total = attention + MIX_EXPERTS * expert + router + norms
+    return {"q": q, "kv": kv, "attention": attention, "expert": expert, "router": router,
+            "norms": norms, "embedding": embedding, "head": head,
+            "active": embedding + head + MIX_L * per_layer_active + MIX_H,
+            "total": embedding + head + MIX_L * per_layer_total + MIX_H}
+
+
+def test_the_catalogs_mixtral_is_the_shape_counted_by_hand() -> None:
+    shape = get_model("mixtral-8x7b")
+    assert (shape.num_layers, shape.hidden_size, shape.num_attention_heads, shape.num_kv_heads,
+            shape.head_dim, shape.moe_ffn_hidden_size, shape.vocab_size, shape.num_experts,
+            shape.experts_per_token, shape.tie_word_embeddings) == (
+        MIX_L, MIX_H, MIX_HEADS, MIX_KV_HEADS, MIX_HEAD_DIM, MIX_FFN, MIX_VOCAB, MIX_EXPERTS,
+        MIX_TOP_K, False)
+    n = _mixtral_by_hand()
+    assert 12.87e9 < n["active"] < 12.89e9 and 46.6e9 < n["total"] < 46.8e9  # "12.9B active of 46.7B"
+
+
+@pytest.mark.parametrize("seq", [4096, 32768])
+def test_moe_flops_count_the_active_experts_under_every_convention(seq: int) -> None:
+    """Top-2 of 8 experts: each convention counts two experts' matmuls per token, never eight."""
+    n, shape = _mixtral_by_hand(), get_model("mixtral-8x7b")
+    attention_full = 12 * MIX_L * n["q"] * seq  # QK^T and attention·V, forward and backward
+    by_hand = {
+        "6N": 6 * n["active"],
+        "full_attention": 6 * n["active"] + attention_full,
+        # the input embedding is a lookup, not a matmul; the causal mask halves the core attention
+        "megatron": 6 * (n["active"] - n["embedding"]) + attention_full / 2,
+    }
+    for convention, expected in by_hand.items():
+        assert flops_per_token(shape, seq, convention) == pytest.approx(expected, rel=1e-12), convention
+    # a dense model with every expert's parameters would count 6·(total - active) more
+    assert 6 * (n["total"] - n["active"]) == 6 * MIX_L * (MIX_EXPERTS - MIX_TOP_K) * n["expert"]
+
+
+def test_the_megatron_convention_is_megatrons_formula_plus_the_router_and_the_norms() -> None:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py as shipped with
+    megatron-core 0.19.2, the transformer_flops branch for GQA, BSHD, no MTP, no shared experts),
+    transcribed per token: 3 (forward, wgrad, dgrad) x 2 (FMA) x (the routed experts' MLP
+    h·ffn·k·3, the QKV and output projections, the causal half of QK^T and attention·V, the
+    logits h·padded_vocab). It counts neither the router's h x E matmul nor the norms' weights,
+    which the `megatron` convention counts (6 per parameter, 1e-4 of Mixtral's count); Mixtral's
+    32000 needs no vocabulary padding at tp 1 (make_vocab_size_divisible_by 128)."""
+    n, shape, seq = _mixtral_by_hand(), get_model("mixtral-8x7b"), 4096
+    fb, fma = 3, 2
+    mlp = fb * fma * MIX_H * (MIX_FFN * MIX_TOP_K * 3) * MIX_L
+    self_attn = fb * fma * (MIX_H * (n["q"] + n["kv"] + n["kv"]) + n["q"] * MIX_H) * MIX_L
+    core = fb * fma * n["q"] / 2 * 2 * seq * MIX_L
+    logits = fb * fma * MIX_H * MIX_VOCAB
+    megatrons = mlp + self_attn + core + logits
+    ours = flops_per_token(shape, seq, "megatron")
+    assert ours - megatrons == pytest.approx(6 * (MIX_L * (n["router"] + n["norms"]) + MIX_H), rel=1e-9)
+    assert 0 < ours / megatrons - 1 < 2e-4
+
+
+def test_torchtitans_own_moe_count_is_full_attention_less_the_input_embedding() -> None:
+    """torchtitan 0.3.0's get_moe_model_nparams_and_flops (torchtitan/models/utils.py): 6 x (dense
+    parameters less the embedding, the router, the routed experts x top_k / num_experts) + 6·L·
+    n_heads·(2·head_dim)·s. Its active count is ours; its attention term is full_attention's; it
+    leaves the input embedding out, which full_attention counts: the MFU it logs is below
+    llm-sweep's full_attention MFU by 6·V·h per token."""
+    n, shape, seq = _mixtral_by_hand(), get_model("mixtral-8x7b"), 4096
+    dense = n["embedding"] + n["head"] + MIX_L * (n["attention"] + n["norms"]) + MIX_H
+    experts = MIX_L * MIX_EXPERTS * n["expert"]
+    sparse_active = MIX_L * n["router"] + experts * MIX_TOP_K // MIX_EXPERTS
+    titans = 6 * (dense - n["embedding"] + sparse_active) + 6 * MIX_L * MIX_HEADS * (2 * MIX_HEAD_DIM) * seq
+    assert flops_per_token(shape, seq, "full_attention") - titans == 6 * MIX_VOCAB * MIX_H
+
+
+def test_moe_mfu_divides_the_active_flops_by_the_dense_peak() -> None:
+    """1,500 tokens/s per H100 of Mixtral is 11.7 % MFU under 6N by its 12.9B active
+    parameters; counted by all 46.7B it would read 42.5 %."""
+    n, shape = _mixtral_by_hand(), get_model("mixtral-8x7b")
+    peak = get_gpu("h100-sxm").dense_peak("bf16")
+    assert peak == 989.5e12
+    value = mfu(1500.0, flops_per_token(shape, 4096, "6N"), peak)
+    assert value == pytest.approx(1500.0 * 6 * n["active"] / 989.5e12, rel=1e-12)
+    assert value == pytest.approx(0.1171, abs=1e-4)
+    assert 1500.0 * 6 * n["total"] / peak == pytest.approx(0.4248, abs=1e-4)
