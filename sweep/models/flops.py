@@ -6,10 +6,14 @@ Conventions (all count a multiply-add as 2 FLOPs and training as forward + 2 × 
 
 - ``megatron``: Megatron-LM's current ``num_floating_point_operations`` (since commit 8873b55d6a,
   2025-03): 6 × (matmul parameters, LM head once, active experts only) + 6·s·L·Q for the core
-  attention, which counts the causal mask at half.
+  attention, which counts the causal mask at half. It counts the router's h × E matmul and the
+  norms' weights too, which Megatron's formula leaves out (6·(L·(h·E + 2h) + h) per token, 1e-4
+  of a Mixtral-8x7B's count).
 - ``full_attention``: 6·N + 12·L·Q·s, with N all parameters (a tied embedding once; active
   experts only). The Ultra-Scale Playbook, picotron and nanotron's benchmark numbers use it;
-  torchtitan uses the same attention term. For MHA, Q = hidden size, giving 6N + 12·L·h·s.
+  torchtitan uses the same attention term (its own count leaves out the input embedding:
+  6·V·h per token less, tests/models/test_flops.py). For MHA, Q = hidden size, giving
+  6N + 12·L·h·s.
 - ``6N``: 6·N, attention ignored (Kaplan et al.).
 
 Model FLOPs (MFU) are what the model needs, whatever the implementation. Hardware FLOPs (HFU) add
