@@ -178,8 +178,9 @@ NANOTRON: Final = MemoryProfile(
     ddp_bucket_bytes=2.0, fp32_grad_bytes=4.0, master_bytes=4.0, optimizer_bytes=8.0,
     zero_shards_over_cp=False, zero1_gather_bytes=2.0, stage_split="cost",
     # MoE (main): nn/moe.py GroupedMLP holds num_experts / ep whole experts as plain parameters,
-    # replicated on every TP rank (trainer.py mark_unsharded_params_as_tied_across_tp), @2411b022
-    experts_shard_over_tp=False,
+    # replicated on every TP rank (trainer.py mark_unsharded_params_as_tied_across_tp), @2411b022;
+    # read from the source: no nanotron MoE run has measured it (the playbook's runs are dense)
+    experts_shard_over_tp=False, unvalidated=("experts_shard_over_tp",),
 )
 
 MEGATRON: Final = MemoryProfile(
