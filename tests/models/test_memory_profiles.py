@@ -9,8 +9,12 @@ unchanged.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import os
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +34,7 @@ from sweep.models.memory_profiles import (
     profile_with,
 )
 
+REPO = Path(__file__).resolve().parents[2]
 LLAMA_8B = get_model("llama-3.1-8b")
 MIXTRAL = get_model("mixtral-8x7b")
 SEQ = 8192
@@ -191,3 +196,46 @@ def test_under_expert_parallelism_the_experts_are_whole_on_each_tp_rank_while_th
     old, new = _both(Layout(dp=4, tp=tp, pp=1, ep=1, mbs=1, grad_acc=4, zero_stage=3,
                             recompute="full"), MIXTRAL, seq)
     assert new.components["buffers"] == old.components["buffers"]
+
+
+def _their_split(pipeline_parallel: Path):
+    """torchtitan 0.3's own `_generate_llm_fqn_per_model_part`, executed from its source (a pure
+    function: nothing else of torchtitan is imported)."""
+    tree = ast.parse(pipeline_parallel.read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                and n.name == "_generate_llm_fqn_per_model_part")
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), str(pipeline_parallel), "exec"), namespace)
+    return namespace["_generate_llm_fqn_per_model_part"]
+
+
+def _sources() -> list[tuple[str, Path | None]]:
+    installed = REPO / ".contract" / "torchtitan-0.3.0"
+    main = os.environ.get("SWEEP_TORCHTITAN_MAIN")
+    return [("0.3.0", installed if (installed / ".installed").is_file() else None),
+            ("main", Path(main) if main else None)]
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("release, root", _sources(), ids=lambda v: str(v) if isinstance(v, str) else "")
+def test_the_03_profile_puts_on_each_stage_the_layers_torchtitan_03_puts_there(
+        release: str, root: Path | None) -> None:
+    """`stage_layer_counts(..., "torchtitan-0.3")` against 0.3.0's (and main's) own split with
+    its default first/last-stage weights of 1, for every stage count a 16-, 28- and 32-layer
+    model can take."""
+    if root is None:
+        pytest.skip(f"torchtitan {release} is not installed: run scripts/contract/torchtitan.sh "
+                    "(0.3.0), or set SWEEP_TORCHTITAN_MAIN to a checkout of main at b5bcd76c6")
+    split = _their_split(root / "torchtitan" / "distributed" / "pipeline_parallel.py")
+    shapes = [get_model("llama-3.2-1b"), get_model("llama-3.2-3b"), LLAMA_8B]
+    checked = 0
+    for shape in shapes:
+        for stages in range(2, shape.num_layers + 3):
+            try:
+                parts = split(stages, shape.num_layers, 1, 1)
+            except ValueError:  # torchtitan refuses it (a weight above a stage's share)
+                continue
+            built = tuple(sum(m.startswith("layers.") for m in part) for part in parts)
+            assert built == stage_layer_counts(shape, stages, "torchtitan-0.3"), (shape.name, stages)
+            checked += 1
+    assert checked > 60
