@@ -547,16 +547,23 @@ def _layer_input_per_token(cfg: _Config) -> np.ndarray:
 
 def _kept_per_token(cfg: _Config) -> np.ndarray:
     """What a layer recomputed one at a time keeps per token: its input, and under the profile's
-    selective policy the outputs of its `selective_saves` linears and the attention output (wo
-    and w2 end in a reduction: hidden-wide)."""
-    model, lay = cfg.model, cfg.layouts
+    selective policy the outputs of its `selective_saves` linears (in a MoE layer its
+    `moe_selective_saves`, and the tokens EP's all-to-all moved where it keeps them) and the
+    attention output (wo and w2 end in a reduction: hidden-wide)."""
+    model, lay, prof = cfg.model, cfg.layouts, cfg.prof
     h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
     experts, ffn = _mlp_width(model)
     output_width = {"wq": q / lay.tp, "wk": kv / lay.tp, "wv": kv / lay.tp,
                     "wo": h / cfg.sequence_shards, "w1": experts * ffn / cfg.mlp_shards,
                     "w3": experts * ffn / cfg.mlp_shards, "w2": h / cfg.sequence_shards}
-    return _layer_input_per_token(cfg) + cfg.activation_bytes * (
-        q / lay.tp + sum(output_width[name] for name in cfg.prof.selective_saves))
+    saves = prof.moe_selective_saves if model.is_moe and prof.moe_selective_saves is not None \
+        else prof.selective_saves
+    kept = _layer_input_per_token(cfg) + cfg.activation_bytes * (
+        q / lay.tp + sum(output_width[name] for name in saves))
+    if model.is_moe and prof.selective_keeps_dispatch:  # dispatched and combined, k per token
+        kept = kept + np.where(lay.ep > 1, cfg.activation_bytes * 2 * h * experts / cfg.mlp_shards,
+                               0.0)
+    return kept
 
 
 @dataclass(frozen=True, eq=False)

@@ -109,6 +109,11 @@ class MemoryProfile:
     # selective activation checkpointing); (): Megatron's, which drops only the s² attention
     # scores, nothing under flash attention
     selective_saves: tuple[str, ...] = ()
+    # In a mixture-of-experts layer, where the policy keeps other outputs (None: the same): the
+    # experts' grouped matmuls may not count as matmuls to it; and whether it keeps the tokens
+    # expert parallelism's all-to-all dispatched and combined (a communication's output)
+    moe_selective_saves: tuple[str, ...] | None = None
+    selective_keeps_dispatch: bool = False
     # zero_grad(set_to_none=True): with one micro-batch per step the gradients are made during
     # backward, after the activation peak (the logits' backward), so that peak holds none of them
     grads_freed_each_step: bool = False
@@ -156,7 +161,8 @@ class MemoryProfile:
     unvalidated: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        unknown = set(self.selective_saves) - set(LINEARS)
+        unknown = {name for name in (*self.selective_saves, *(self.moe_selective_saves or ()))
+                   if name not in LINEARS}
         if unknown:
             raise ValueError(f"profile {self.name!r}: selective_saves names {sorted(unknown)}, "
                              f"not linears of the model ({', '.join(LINEARS)})")
@@ -234,12 +240,14 @@ TORCHTITAN: Final = MemoryProfile(
 TORCHTITAN_03: Final = replace(
     TORCHTITAN, name="torchtitan-0.3",
     description=(
-        "torchtitan 0.3 (FSDP2 as 0.2): fused QKV, so selective AC keeps wqkv, w1 and w2; the "
+        "torchtitan 0.3 (FSDP2 as 0.2): fused QKV, so selective AC keeps wqkv, w1 and w2 (in a "
+        "MoE layer wqkv and, under EP, the all-to-all's tokens); the "
         "chunked loss (8 chunks) holds one chunk's logits, an fp32 gradient buffer and bf16 copies "
         "of the hidden states, and under FSDP the LM head's whole fp32 gradient; the step is a "
         "CUDA graph at pp = 1 and ep = 1, whose gradients are zeroed, not freed; under EP the "
         "experts are not TP-sharded (the TP ranks join their FSDP group). Read from the source, "
-        "not yet validated on a GPU: selective_saves, loss_chunks, loss_hidden_bytes_per_element, "
+        "not yet validated on a GPU: selective_saves, moe_selective_saves, "
+        "selective_keeps_dispatch, loss_chunks, loss_hidden_bytes_per_element, "
         "loss_head_grad_bytes, cuda_graphs, expert_tp_only_without_ep"),
     # models/llama3/__init__.py builds every flavor with `fuse_qkv=True` (qwen3's too): one wqkv
     # linear (models/common/attention.py FusedQKVLinear). SelectiveAC (distributed/
@@ -247,6 +255,13 @@ TORCHTITAN_03: Final = replace(
     # counting a block's mms from 1: wqkv, wo, w1, w3, w2, so the 1st, 3rd and 5th are kept, and
     # wqkv's output is q, k and v together
     selective_saves=("wq", "wk", "wv", "w1", "w2"),
+    # In a MoE block the routed experts run `torch._grouped_mm` (models/common/moe.py
+    # GroupedExperts), which is neither in SelectiveAC's save ops (`_get_default_save_ops`: torch's
+    # compute-intensive ops, linear, SDPA, topk) nor an mm it counts: recomputed; the router's
+    # gate is forced to recompute (`force_recompute_mm_shapes_by_fqns = ["moe.router.gate"]`),
+    # so of the mms only wqkv is kept; `all_to_all_single` is a save op, so under EP the
+    # dispatched and the combined tokens are kept
+    moe_selective_saves=("wq", "wk", "wv"), selective_keeps_dispatch=True,
     # components/loss.py ChunkedLossWrapper (`num_chunks: int = 8`), the loss of every llama3 and
     # qwen3 config (models/*/config_registry.py): per chunk `lm_head(h_chunk)`, the inner
     # CrossEntropyLoss (`pred.flatten(0, 1).float()`, as 0.2's: 10 bytes per logit), then
@@ -272,7 +287,8 @@ TORCHTITAN_03: Final = replace(
     # (no TP placement) and their input the sequence-parallel placement (each TP rank routes its
     # share of the tokens), without EP `expert_param_placement_dense(tp_placement=...)`
     expert_tp_only_without_ep=True,
-    unvalidated=("selective_saves", "loss_chunks", "loss_hidden_bytes_per_element",
+    unvalidated=("selective_saves", "moe_selective_saves", "selective_keeps_dispatch",
+                 "loss_chunks", "loss_hidden_bytes_per_element",
                  "loss_head_grad_bytes", "cuda_graphs", "expert_tp_only_without_ep"),
 )
 

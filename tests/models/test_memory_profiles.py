@@ -79,6 +79,8 @@ def test_a_version_profile_is_found_by_its_name_and_an_unknown_name_lists_them()
 def test_a_profile_refuses_fields_it_does_not_have_and_a_loss_without_chunks():
     with pytest.raises(ValueError, match="unvalidated names.*'loss_chunk'"):
         replace(TORCHTITAN_03, unvalidated=("loss_chunk",))
+    with pytest.raises(ValueError, match="selective_saves names.*'wqkv'"):
+        replace(TORCHTITAN_03, moe_selective_saves=("wqkv",))
     with pytest.raises(ValueError, match="loss_chunks must be >= 1"):
         replace(TORCHTITAN_03, loss_chunks=0)
 
@@ -160,6 +162,23 @@ def test_selective_recomputation_keeps_the_fused_qkv_output_so_k_too():
         old, new = _both(Layout(dp=8, tp=1, pp=1, mbs=mbs, grad_acc=2, zero_stage=3,
                                 recompute=recompute))
         assert new.components["activations"] == old.components["activations"]
+
+
+def test_in_a_moe_layer_selective_recomputation_keeps_wqkv_and_under_ep_the_moved_tokens():
+    """The experts' torch._grouped_mm is not among SelectiveAC's save ops and the router's gate
+    is forced to recompute, so a Mixtral layer keeps wqkv's output (q, k, v) but neither w1's nor
+    w2's, where 0.2's policy, read for dense layers, would keep wq, wv, w1 and w2; under EP the
+    all-to-all's outputs (a communication op, saved) keep the k dispatched copies of each token
+    and their combined results."""
+    seq, mbs, layers = 4096, 1, MIXTRAL.num_layers
+    h, kv, ffn, k = MIXTRAL.hidden_size, MIXTRAL.kv_dim, MIXTRAL.moe_ffn_hidden_size, MIXTRAL.experts_per_token
+    tokens = mbs * seq
+    for ep, tp in ((1, 1), (2, 2)):
+        old, new = _both(Layout(dp=8 // (ep * tp), tp=tp, pp=1, ep=ep, mbs=mbs, grad_acc=8,
+                                zero_stage=3, sp=True, recompute="selective"), MIXTRAL, seq)
+        per_token = 2 * (kv / tp - k * ffn / tp - h / tp) + (2 * 2 * h * k / tp if ep > 1 else 0)
+        difference = new.components["activations"] - old.components["activations"]
+        assert difference == pytest.approx(per_token * tokens * layers, abs=layers), (ep, tp)
 
 
 def test_a_cuda_graphed_step_zeroes_its_gradients_so_one_micro_batch_holds_them_at_the_peak():
