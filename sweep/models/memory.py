@@ -47,8 +47,8 @@ from sweep.core.model import ModelShape, count_parameters, mlp_kind
 from sweep.core.units import GiB
 from sweep.models.memory_profiles import PROFILES, RESERVED_BAND, MemoryProfile, get_profile
 
-__all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "estimate", "estimate_columns",
-           "fsdp_reduction_deferred", "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
+__all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "cuda_graphed", "estimate",
+           "estimate_columns", "fsdp_reduction_deferred", "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
            "STAGE_SPLITS"]
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
@@ -440,11 +440,15 @@ class _Gradients:
     made_later: np.ndarray
 
 
+def cuda_graphed(prof: MemoryProfile, pp: ArrayLike, ep: ArrayLike) -> np.ndarray:
+    """Where the framework captures the forward-backward step in a CUDA graph
+    (`MemoryProfile.cuda_graphs`): layouts with one pipeline stage and no expert parallelism."""
+    stages, experts = (np.asarray(x, dtype=np.float64) for x in (pp, ep))
+    return np.asarray(prof.cuda_graphs & (stages == 1) & (experts == 1), dtype=bool)
+
+
 def _cuda_graphed(cfg: _Config) -> np.ndarray:
-    """Rows whose forward-backward step the framework captures in a CUDA graph
-    (`MemoryProfile.cuda_graphs`): those with one pipeline stage and no expert parallelism."""
-    lay = cfg.layouts
-    return np.asarray(cfg.prof.cuda_graphs & (lay.pp == 1) & (lay.ep == 1), dtype=bool)
+    return cuda_graphed(cfg.prof, cfg.layouts.pp, cfg.layouts.ep)
 
 
 def _gradients(cfg: _Config, params: _StageParameters, nbytes: _StateBytes, shards: _Shards

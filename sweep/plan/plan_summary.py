@@ -275,6 +275,13 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
               else "the gradient accumulation")
         lines.append(f"gradients: whole, not 1/{shards} of them: {by} defers FSDP's "
                      "reduce-scatter to the step's last micro-batch")
+    elif (profile.grads_freed_each_step and layout.grad_acc == 1
+          and memory.cuda_graphed(profile, layout.pp, layout.ep).item()):
+        lines.append("gradients: held at the activation peak: the step is a CUDA graph, which "
+                     "zeroes them in place instead of freeing them")
+    if profile.loss_chunks > 1 and (layout.pp == 1 or estimate.stage == "last"):
+        lines.append(f"logits: one of the loss's {profile.loss_chunks} chunks at a time, beside "
+                     "its buffers of the whole hidden states (a chunked loss)")
     if budget is not None:
         source = limit.device.source if limit is not None else spec.gpu
         # a CPU rank's share of host memory is judged on the tensors it holds (space.evaluate)

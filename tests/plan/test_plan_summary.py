@@ -97,6 +97,30 @@ def test_the_explanation_says_why_a_rank_holds_whole_gradients_under_zero() -> N
         assert said is None or said in shown
 
 
+def test_the_explanation_of_a_torchtitan_03_run_names_its_chunked_loss_and_its_cuda_graph() -> None:
+    """torchtitan 0.3's memory differs from 0.2's where its step is a CUDA graph (gradients zeroed,
+    not freed) and its loss is chunked: the explanation says so for 0.3, not for 0.2."""
+    from sweep.plan import space
+    from sweep.plan.plan_summary import explain
+
+    text = ("name: titan\nframework: torchtitan\ngpu: h100-sxm\nmodels: [llama-3.1-8b]\n"
+            "nodes: [1]\nseq_len: 8192\nglobal_batch: {sequences: 8}\n"
+            "axes: {tp: [1], pp: [1], zero_stage: [3], recompute: [full], mbs: [1]}\n"
+            "run: {framework_version: VERSION}\n")
+    said = {}
+    for version in ("v0.2", "v0.3"):
+        spec = parse_spec(text.replace("VERSION", version))
+        plan = space.plan(spec)
+        [run_id] = plan.loc[plan.status == "kept", "run_id"]
+        said[version] = explain(spec, plan, str(run_id))
+    assert "framework profile: torchtitan-0.3," in said["v0.3"]
+    assert "framework profile: torchtitan," in said["v0.2"]
+    graph = "gradients: held at the activation peak: the step is a CUDA graph"
+    chunks = "logits: one of the loss's 8 chunks at a time"
+    assert graph in said["v0.3"] and chunks in said["v0.3"]
+    assert graph not in said["v0.2"] and chunks not in said["v0.2"]
+
+
 def test_a_plan_that_keeps_nothing_points_to_the_rule_table_in_the_docs() -> None:
     """A rule without a hint of its own names the docs page with the rule table (it used to say
     "try see" a table of the README, which moved to docs/planning.md)."""
