@@ -54,6 +54,8 @@ class CapabilityContext:
     overlap_communication: bool = True  # run.overlap_communication (sweep/plan/spec.py)
     tp_comm_overlap: bool = False  # run.tp_comm_overlap
     gpu: str = ""  # the catalog GPU name (sweep/core/catalog/gpus.yaml), "cpu" for CPU runs
+    # run.moe.expert_tensor_parallel (sweep/plan/spec.py): "tp", 1, or None (the framework's own)
+    expert_tensor_parallel: int | str | None = None
 
 
 @dataclass(frozen=True)

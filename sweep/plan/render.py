@@ -269,7 +269,9 @@ def render_files(env: jinja2.Environment, config: RunConfig, run_dir: Path,
     files = {RUN_FILE: json.dumps(doc, indent=2, sort_keys=True) + "\n",
              JOB_FILE: render_template(env, JOB_TEMPLATE, context)}
     for name in launch_names or launch_templates(env, config.framework):
-        files[name.removesuffix(TEMPLATE_SUFFIX)] = render_template(env, name, context)
+        text = render_template(env, name, context)
+        if text.strip():  # a launch file of another version of the framework renders to nothing
+            files[name.removesuffix(TEMPLATE_SUFFIX)] = text
     return files
 
 

@@ -167,6 +167,7 @@ class RuleContext:
     overlap_communication: bool = True
     tp_comm_overlap: bool = False
     gpu: str = ""
+    expert_tensor_parallel: int | str | None = None  # run.moe.expert_tensor_parallel
     allocator: Allocator | None = None  # the spec's allocator constants; None: the profile's own
     reserved_band: tuple[float, float] = RESERVED_BAND  # the probes' band (`memory_over`)
     memory_on_tensors: bool = False  # a CPU rank's share of host memory: judge its tensors
@@ -188,6 +189,8 @@ class RuleContext:
                    framework_version=spec.run.framework_version or "",
                    overlap_communication=spec.run.overlap_communication,
                    tp_comm_overlap=spec.run.tp_comm_overlap, gpu=spec.gpu,
+                   expert_tensor_parallel=(spec.run.moe.expert_tensor_parallel
+                                           if spec.run.moe else None),
                    allocator=spec.allocator, reserved_band=spec.reserved_band,
                    memory_on_tensors=found is not None and found.device.host_share)
 
@@ -207,7 +210,8 @@ class RuleContext:
             gpus_per_node=self.gpus_per_node, global_batch_sequences=self.global_batch_sequences,
             framework_version=self.version_key,
             overlap_communication=self.overlap_communication,
-            tp_comm_overlap=self.tp_comm_overlap, gpu=self.gpu)
+            tp_comm_overlap=self.tp_comm_overlap, gpu=self.gpu,
+            expert_tensor_parallel=self.expert_tensor_parallel)
 
 
 # Pipeline stage placement -----------------------------------------------------------------------

@@ -231,6 +231,23 @@ class Constraints(_Strict):
         return _without_unset(handler(self), "allocator")
 
 
+class MoeSettings(_Strict):
+    """How a mixture-of-experts model routes and shards its experts (`run.moe`, docs/spec.md).
+    Read by torchtitan 0.3 and main (launch/torchtitan.config.py.j2); a run of a dense model
+    ignores it."""
+
+    # The router's auxiliary-loss-free load balancing: the speed of the per-expert bias update
+    # (torchtitan MoE.Config.load_balance_coeff, default 1e-3); null turns it off.
+    load_balance_coeff: Annotated[float, Field(gt=0.0)] | None = 1e-3
+    # Route every token round-robin so each expert gets the same count (debug.moe_force_load_balance):
+    # a benchmark of the layout, not of a trained router's imbalance.
+    force_load_balance: bool = False
+    # Expert tensor parallelism: "tp" (experts sharded over the TP ranks) or 1 (not); None:
+    # whatever the framework does. torchtitan 0.3 has no setting for it (etp = tp when ep = 1,
+    # 1 when ep > 1), so a plan prunes the layouts that would run the other way.
+    expert_tensor_parallel: Literal[1, "tp"] | None = None
+
+
 class RunSettings(_Strict):
     """How each run executes; `overrides` can change these for a subset of runs."""
 
@@ -260,6 +277,7 @@ class RunSettings(_Strict):
     overlap_communication: bool = True
     tp_comm_overlap: bool = False  # Megatron + Transformer Engine userbuffers (--tp-comm-overlap)
     compile: bool = False  # torchtitan: torch.compile the model (--compile.enable)
+    moe: MoeSettings | None = None  # mixture-of-experts settings (None: the framework's defaults)
     # Cluster environment: shell lines run before launch (module load, source venv/bin/activate),
     # shown verbatim in job.sbatch; and a pyxis/enroot container for the ranks.
     setup: list[str] = []
@@ -289,7 +307,8 @@ class RunSettings(_Strict):
 
     @model_serializer(mode="wrap")
     def _omit_early_stop_when_off(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_unset(_without_unset(handler(self), "early_stop"), "straggler_factor")
+        return _without_unset(_without_unset(_without_unset(handler(self), "early_stop"),
+                                             "straggler_factor"), "moe")
 
     @field_validator("framework_dir", "python", "container_image")
     @classmethod

@@ -32,9 +32,11 @@ def columns(**values) -> dict[str, np.ndarray]:
     return out
 
 
-def ctx(model: str = "llama-3.1-8b", dtype: str = "bf16", seq_len: int = 4096) -> CapabilityContext:
+def ctx(model: str = "llama-3.1-8b", dtype: str = "bf16", seq_len: int = 4096,
+        version: str = "v0.2", expert_tp: int | str | None = None) -> CapabilityContext:
     return CapabilityContext(model=catalog(model), dtype=dtype, seq_len=seq_len, gpus_per_node=8,
-                             global_batch_sequences=64, framework_version="v0.2")
+                             global_batch_sequences=64, framework_version=version,
+                             expert_tensor_parallel=expert_tp)
 
 
 def first_rule(cols, context) -> list[str | None]:
@@ -105,3 +107,82 @@ def test_pipeline_schedules() -> None:
                                        "torchtitan_interleaved_stages"]
     rounds = columns(dp=[2], pp=[4], grad_acc=[11], pp_schedule=["interleaved_1f1b"], vpp=[2])
     assert first_rule(rounds, ctx()) == ["torchtitan_interleaved_rounds"]
+
+
+# torchtitan 0.3.0 and main (the Python config module) ------------------------------------------
+
+CONFIG_MODULE_VERSIONS = ["v0.3", "main"]
+
+
+def test_the_default_version_is_0_3() -> None:
+    assert ADAPTER.default_version == "v0.3"
+    assert {v.key for v in ADAPTER.versions} == {"v0.3", "main", "v0.2", "v0.2.0"}
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_every_model_runs_by_its_dimensions(version: str) -> None:
+    """No flavor needed: the 1B (tied), the playbook's shapes and Mixtral are kept."""
+    for model in ("llama-3.2-1b", "playbook-8b", "mixtral-8x7b", "tiny-gqa-4l"):
+        assert first_rule(columns(dp=[8]), ctx(model, version=version)) == [None], model
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_zero0_is_replicated_fsdp_with_model_parallelism(version: str) -> None:
+    """0.3 has no DDP path: ZeRO-0 with TP or PP keeps mixed precision (HSDP, shard degree 1);
+    CP still shards the parameters."""
+    cols = columns(dp=[2, 2, 2, 1], tp=[4, 1, 1, 8], pp=[1, 4, 1, 1], cp=[1, 1, 4, 1],
+                   zero_stage=[0])
+    assert first_rule(cols, ctx(version=version)) == [None, None, "torchtitan_cp_shards", None]
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_tp_without_sp_is_a_setting(version: str) -> None:
+    cols = columns(dp=[4, 2], tp=[2, 4], sp=[False, True])
+    assert first_rule(cols, ctx(version=version)) == [None, None]
+    # without SP the sequence need not divide by TP, only by 2·cp
+    odd = columns(dp=[4, 4, 2], tp=[2, 2, 2], cp=[1, 1, 2], sp=[False, True, False])
+    assert first_rule(odd, ctx(seq_len=4097, version=version)) == [
+        None, "torchtitan_seq_len_divisor_v03", "torchtitan_seq_len_divisor_v03"]
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_a_tied_model_cannot_be_pipelined(version: str) -> None:
+    cols = columns(dp=[2, 8], pp=[4, 1])
+    assert first_rule(cols, ctx("llama-3.2-1b", version=version)) == [
+        "torchtitan_pp_tied_embeddings", None]
+    assert first_rule(cols, ctx("llama-3.1-8b", version=version)) == [None, None]
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_expert_parallelism_needs_fsdp(version: str) -> None:
+    cols = columns(dp=[2, 2], ep=[4, 4], zero_stage=[0, 3])
+    assert first_rule(cols, ctx("mixtral-8x7b", version=version)) == [
+        "torchtitan_ep_needs_fsdp", None]
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_expert_tp_is_pruned_where_0_3_runs_the_other_one(version: str) -> None:
+    """etp = tp when ep = 1, etp = 1 when ep > 1; at tp = 1 both labels are the same run."""
+    cols = columns(dp=[2, 1, 8, 4], tp=[4, 4, 1, 2], ep=[1, 2, 1, 1])
+    assert first_rule(cols, ctx("mixtral-8x7b", version=version)) == [None] * 4
+    assert first_rule(cols, ctx("mixtral-8x7b", version=version, expert_tp="tp")) == [
+        None, "torchtitan_expert_tp", None, None]
+    assert first_rule(cols, ctx("mixtral-8x7b", version=version, expert_tp=1)) == [
+        "torchtitan_expert_tp", None, None, "torchtitan_expert_tp"]
+    # a dense model has no experts to shard
+    assert first_rule(cols, ctx("llama-3.1-8b", version=version, expert_tp=1))[0] is None
+
+
+def test_the_0_2_rules_do_not_apply_to_0_3_and_back() -> None:
+    by_name = {rule.name: rule for rule in RULES}
+    only_02 = ("torchtitan_no_model_definition", "torchtitan_ep_dense", "torchtitan_ddp_nd",
+               "torchtitan_mixed_precision_off", "torchtitan_tp_is_sp", "torchtitan_seq_len_divisor")
+    cols = columns(dp=[2], ep=[2], tp=[4], sp=[False], zero_stage=[0])
+    for name in only_02:
+        assert not by_name[name].fails(cols, ctx("llama-3.2-1b", version="v0.3", seq_len=4098)).any()
+    only_03 = ("torchtitan_pp_tied_embeddings", "torchtitan_ep_needs_fsdp", "torchtitan_expert_tp",
+               "torchtitan_seq_len_divisor_v03")
+    tied = columns(dp=[2], pp=[4], ep=[2], tp=[2], zero_stage=[0])
+    for name in only_03:
+        assert not by_name[name].fails(tied, ctx("llama-3.2-1b", version="v0.2", expert_tp=1,
+                                                 seq_len=4098)).any()
