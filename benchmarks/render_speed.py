@@ -3,15 +3,18 @@ files) into a fresh folder, then again (idempotent: nothing rewritten), for each
 Target: < 10 s per framework.
 
 The playbook spec is nanotron's; for another framework it is the same sweep with `framework`
-swapped (torchtitan: the Llama 3 models it defines, since it cannot build the playbook's shapes;
-its capability rules prune the rest, as they would for a user).
+swapped. torchtitan is measured in both its forms: `torchtitan` is the default version, 0.3 (a
+Python config module per run, the playbook's own models by their dimensions), and
+`torchtitan-0.2` the JobConfig TOML (run.framework_version: v0.2, with the Llama 3 models 0.2
+defines, since it cannot build the playbook's shapes; its capability rules prune the rest, as they
+would for a user).
 
 Planning is timed separately (benchmarks/plan_speed.py measures it); the render figure is the
 time of `render_runs` alone, wall clock and CPU (its forked workers' included). The CPU time is
 the steadier figure on a shared machine; the wall time includes the disk and the parallelism.
 
     .venv/bin/python benchmarks/render_speed.py [--spec examples/playbook.yaml] [--repeat 3]
-                                                [--framework all|nanotron|megatron|torchtitan|builtin]
+                                                [--framework all|nanotron|megatron|torchtitan|torchtitan-0.2|builtin]
 """
 
 from __future__ import annotations
@@ -44,19 +47,22 @@ def timed(function, *args):  # noqa: ANN001, ANN202 - a tiny timing helper
 
 
 FRAMEWORK_ZERO = {"nanotron": "[0, 1]", "megatron": "[0, 1]", "torchtitan": "[0, 2, 3]",
-                  "builtin": "[0, 1, 2, 3]"}
+                  "torchtitan-0.2": "[0, 2, 3]", "builtin": "[0, 1, 2, 3]"}
+VERSION = {"torchtitan-0.2": "v0.2"}  # the others: the adapter's default version
 
 
-def spec_for(text: str, framework: str) -> Spec:
-    """The playbook sweep for `framework` (see the module docstring)."""
+def spec_for(text: str, name: str) -> Spec:
+    """The playbook sweep for the framework `name` names (see the module docstring)."""
+    framework = name.split("-")[0]
     if framework != "nanotron":
         text = text.replace("framework: nanotron", f"framework: {framework}")
-        text = text.replace("framework_version: playbook-e24d2483", "framework_version: null")
-        text = text.replace("zero_stage: [0, 1]", f"zero_stage: {FRAMEWORK_ZERO[framework]}")
-    if framework == "torchtitan":
+        text = text.replace("framework_version: playbook-e24d2483",
+                            f"framework_version: {VERSION.get(name, 'null')}")
+        text = text.replace("zero_stage: [0, 1]", f"zero_stage: {FRAMEWORK_ZERO[name]}")
+    if name == "torchtitan-0.2":
         text = text.replace("models: [playbook-1b, playbook-3b, playbook-8b, playbook-80b]",
                             "models: [llama-3.1-8b, llama-3.1-70b]")
-    return parse_spec(text, f"playbook ({framework})")
+    return parse_spec(text, f"playbook ({name})")
 
 
 def bench(spec: Spec, repeat: int) -> dict[str, float | int | bool]:
@@ -99,8 +105,8 @@ def main() -> None:
               f"rendered in {figures['best']:.2f} s best, {figures['median']:.2f} s median "
               f"({figures['cpu']:.2f} s CPU); again {figures['again']:.2f} s, files unchanged: "
               f"{figures['unchanged']}")
-        summary.append(f"{framework}_runs={figures['runs']} {framework}_render_s="
-                       f"{figures['best']:.2f}")
+        key = framework.replace("-", "_").replace(".", "")
+        summary.append(f"{key}_runs={figures['runs']} {key}_render_s={figures['best']:.2f}")
     print(" ".join(summary) + " target_s=10")
 
 

@@ -6,7 +6,10 @@ The line is MetricsProcessor.log in torchtitan/components/metrics.py:
   {round(tps):,}  tflops: {tflops:,.2f}  mfu: {mfu:.2f}%`, each field behind an ANSI colour
   unless metrics.disable_color_printing;
 - v0.2.2 (73a0e6979): the same with `loss: {loss:8.5f}`; main after 0.2.2 writes `mfu: N/A`
-  when the device's peak is unknown.
+  when the device's peak is unknown;
+- 0.3.0 (the PyPI wheel, metrics.py lines 522-532) and main at b5bcd76c6: the 0.2.2 line with
+  `mfu: N/A` for an unknown peak, read unchanged (tests/frameworks/torchtitan/test_parser_v03.py);
+  their `validate step:` lines are not training steps.
 Older formats (fixtures in tests/fixtures/logs/torchtitan_steps_*.log): ``torchtitan-2024``
 (`wps`, no tflops, no `[titan]` tag), ``torchtitan-2025`` (`tps`, `tflops`), ``torchtitan-2026``
 (adds `grad_norm`; every 0.2.x line is this one).
