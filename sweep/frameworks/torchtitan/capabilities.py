@@ -134,6 +134,13 @@ def ep_without_fsdp(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
     return np.asarray((columns["ep"] > 1) & (columns["zero_stage"] == 0))
 
 
+TEST_TOKENIZER_VOCAB: Final = 2020  # tests/assets/tokenizer/tokenizer.json's vocabulary (main b5bcd76c6)
+
+
+def vocab_below_tokenizer(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
+    return _all(columns, ctx.model.vocab_size < TEST_TOKENIZER_VOCAB)
+
+
 def expert_tp_as_labelled(columns: Columns, ctx: CapabilityContext) -> np.ndarray:
     """run.moe.expert_tensor_parallel against what 0.3 does: experts are TP-sharded (etp = tp) when
     ep = 1 and not at all (etp = 1) when ep > 1; at tp = 1 the two are the same."""
@@ -226,6 +233,13 @@ RULES: Final[tuple[CapabilityRule, ...]] = (
         "expert_tensor_parallel asks for the other one",
         MOE_SHARDING + " _routed_experts_sharding_configs",
         only(CONFIG_MODULE_KEYS, expert_tp_as_labelled)),
+    CapabilityRule(
+        "torchtitan_vocab_below_tokenizer",
+        f"the benchmark's data is tokenized by the checkout's test tokenizer, whose ids reach "
+        f"{TEST_TOKENIZER_VOCAB - 1}: a model with a smaller vocabulary would index its "
+        f"embedding out of range",
+        "tests/assets/tokenizer/tokenizer.json (" + V03_SOURCES + ")",
+        only(CONFIG_MODULE_KEYS, vocab_below_tokenizer)),
     CapabilityRule(
         "torchtitan_interleaved_stages",
         "torchtitan's interleaved 1F1B without pipeline_parallel_layers_per_stage uses exactly "

@@ -1,7 +1,7 @@
-"""Which of our model shapes torchtitan has a definition for: its llama3 flavors.
+"""Which of our model shapes torchtitan 0.2 has a definition for: its llama3 flavors.
 
-torchtitan builds a model from a (name, flavor) pair; its command line cannot describe a model
-by its dimensions. A run of a model is therefore only renderable when one of its flavors has
+torchtitan 0.2 builds a model from a (name, flavor) pair; its command line cannot describe a model
+by its dimensions (0.3.0 and main can: launch/torchtitan.config.py builds any model). A run of a model is therefore only renderable when one of its flavors has
 exactly the model's shape; every other model is pruned (`capabilities.no_flavor`), never run as
 some other model under its name.
 

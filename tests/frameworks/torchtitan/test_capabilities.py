@@ -122,8 +122,15 @@ def test_the_default_version_is_0_3() -> None:
 @pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
 def test_on_0_3_every_model_runs_by_its_dimensions(version: str) -> None:
     """No flavor needed: the 1B (tied), the playbook's shapes and Mixtral are kept."""
-    for model in ("llama-3.2-1b", "playbook-8b", "mixtral-8x7b", "tiny-gqa-4l"):
+    for model in ("llama-3.2-1b", "playbook-8b", "mixtral-8x7b"):
         assert first_rule(columns(dp=[8]), ctx(model, version=version)) == [None], model
+
+
+@pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
+def test_on_0_3_a_vocabulary_smaller_than_the_test_tokenizers_is_pruned(version: str) -> None:
+    assert get_model("tiny-gqa-4l").vocab_size < 2020
+    assert first_rule(columns(dp=[8]), ctx("tiny-gqa-4l", version=version)) == [
+        "torchtitan_vocab_below_tokenizer"]
 
 
 @pytest.mark.parametrize("version", CONFIG_MODULE_VERSIONS)
