@@ -161,11 +161,14 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() or None
 
 
-def describe_checkout(root: Path) -> str:
-    """"torchtitan 0.2.2 @ 73a0e69 (2026-02-20) in DIR", as much of it as can be read."""
+def describe_checkout(root: Path, key: str | None = None) -> str:
+    """"torchtitan 0.2.2 @ 73a0e69 (2026-02-20) in DIR", as much of it as can be read. A main
+    checkout is "torchtitan main": its version.txt still says 0.2.2."""
     text = "torchtitan"
     version_file = root / "assets" / "version.txt"
-    if version_file.is_file():
+    if key == MAIN:
+        text += " main"
+    elif version_file.is_file():
         text += " " + version_file.read_text(errors="replace").strip()[:40]
     commit = _git(root, "log", "-1", "--format=%h %cs")
     if commit:
@@ -179,7 +182,7 @@ def detect(framework_dir: str | None) -> DetectedVersion:
         if framework_dir:
             root = Path(framework_dir).expanduser()
             key, problem = key_for_checkout(root)
-            return DetectedVersion(found=describe_checkout(root), key=key, problem=problem)
+            return DetectedVersion(found=describe_checkout(root, key), key=key, problem=problem)
         try:
             version = metadata.version("torchtitan")
         except metadata.PackageNotFoundError:

@@ -10,6 +10,7 @@ import pytest
 
 from sweep.frameworks.torchtitan import version
 from sweep.frameworks.torchtitan.version import detect, key_for_release
+from sweep.frameworks.versions import DetectedVersion, refusal
 
 
 @pytest.mark.parametrize("release, key", [("0.2.0", "v0.2.0"), ("0.2.1", "v0.2"),
@@ -103,6 +104,7 @@ def test_a_main_export_is_told_by_its_markers(tmp_path: Path) -> None:
     """main's version.txt still says 0.2.2; an export (no .git) is main by its settings."""
     found = detect(str(config_checkout(tmp_path, MAIN_CONFIGS, "0.2.2")))
     assert (found.key, found.problem) == ("main", None)
+    assert found.found.startswith("torchtitan main in ")  # not its stale "0.2.2"
 
 
 def git(root: Path, *args: str) -> str:
@@ -158,3 +160,17 @@ def test_installed_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(version.metadata, "version", lambda name: "0.3.1")
     assert detect(None).key is None
 
+
+
+@pytest.mark.parametrize("rendered_for, found", [("v0.2", "v0.3"), ("v0.3", "v0.2"),
+                                                 ("v0.3", "main"), ("main", "v0.3")])
+def test_the_job_refuses_a_version_the_run_was_not_rendered_for(rendered_for: str,
+                                                                 found: str) -> None:
+    """A TOML run on 0.3, a config module on 0.2, and 0.3.0's module on main or back (their
+    batch settings differ): each refused, naming what was found and the key to re-render for."""
+    detected = DetectedVersion(found=f"torchtitan ({found})", key=found)
+    problem = refusal("torchtitan", rendered_for, detected)
+    assert problem is not None
+    assert f"supported as {found!r}, not the {rendered_for!r}" in problem
+    assert f"set run.framework_version to {found!r} and re-render" in problem
+    assert refusal("torchtitan", found, detected) is None
