@@ -23,6 +23,7 @@ __all__ = ["job_path"]  # a fixture
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
 def test_a_slow_node_of_a_two_node_run_is_named_listed_as_a_suspect_and_marked(
         slurm_cluster: None, job_path: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

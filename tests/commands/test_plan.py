@@ -266,6 +266,7 @@ def calibration_spec(tmp_path: Path, probes: bool = False) -> Path:
 
 
 @pytest.mark.slow  # about 25 s: three real runs of the built-in workload
+@pytest.mark.alone  # it calibrates on measured step times, which another test's load would skew
 def test_a_first_round_on_the_local_backend_recalibrates_and_keeps_what_the_prior_pruned(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Real processes: run what the prior keeps, then re-plan from the measured peaks."""

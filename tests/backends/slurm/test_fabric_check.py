@@ -141,6 +141,7 @@ def slow_node(slurm_cluster: None) -> Iterator[tuple[str, list[str]]]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
 def test_the_fabric_check_finds_the_throttled_node_and_excludes_it_with_its_figure(
         slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,6 +189,7 @@ def test_probes_that_give_no_figure_are_named_with_why_and_nothing_is_excluded(
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
 def test_submit_with_fabric_check_excludes_the_throttled_node_from_the_first_array(
         slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
