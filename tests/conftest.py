@@ -106,13 +106,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     file's tests stay together, so its module-scoped fixtures (the demo sweep, the fits on the
     reference data) are built once; the live-cluster tests, which share the local cluster's four
     nodes and of which some kill a node's slurmd, run one at a time on one worker."""
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    # The session's demo sweep is run once, by one worker: every test of a file that uses it
+    # goes with it, so that file's module fixtures (a second demo sweep) are not torn down and
+    # built again between its tests.
+    demo_files = {file_of(item) for item in items
+                  if "demo_sweep" in getattr(item, "fixturenames", ())}
     for item in items:
         if item.get_closest_marker("slurm"):
             group = "slurm"
-        elif "demo_sweep" in getattr(item, "fixturenames", ()):
-            group = "demo"  # the session's demo sweep is run once, by one worker
+        elif file_of(item) in demo_files:
+            group = "demo"
         else:
-            group = item.nodeid.split("::")[0]
+            group = file_of(item)
         item.add_marker(pytest.mark.xdist_group(group))
 
 
