@@ -42,8 +42,9 @@ RELEASES_CHECKED: Final[tuple[ReleaseCheck, ...]] = (
                  "CUDA and flash-attn to import): install from a checkout; a checkout older than "
                  "the playbook's commit e24d2483"),
     ReleaseCheck("torchtitan", "torchtitan", "0.3.0", "2026-09-03", "2026-11-28",
-                 "torchtitan before 0.2.0 (no float8 converter of the 0.2 name); a main checkout "
-                 "newer than the commit the contract tests pin"),
+                 "torchtitan before 0.2.0 (no float8 converter of the 0.2 name); a nightly "
+                 "(0.3.x.devN) or any release after 0.3.0, until contract-tested; a main checkout "
+                 "from before 73aed7f6c or after b5bcd76c6, the commit the contract tests pin"),
     ReleaseCheck("builtin", "torch", "2.15.0", "2026-10-28", "2026-11-28",
                  "torch before 2.6 (pyproject.toml); tests run on the 2.13.0 CPU wheel, the "
                  "newest CPU build the test machines' package index carries (docs/frameworks.md)"),
