@@ -5,10 +5,9 @@
 #      Chromium and chromedriver, to open the report's index.html       (Debian packages)
 #   3. a real Slurm cluster: munge, MariaDB+slurmdbd, slurmctld, 4 slurmd (scripts/local-slurm.sh)
 # Then pytest over tests/, in one process. SWEEP_TEST_WORKERS=N runs N pytest-xdist workers
-# instead (a file's tests stay on one worker, the live-Slurm tests run one at a time:
-# tests/conftest.py), which is not yet safe: the watchdog's node-wide clean-up of a dead
-# watchdog's processes, which some tests start on purpose, reaches another worker's test, and
-# 4 workers on 2 cores left the suite no faster. Extra arguments go to pytest
+# instead (a file's tests stay on one worker, the live-Slurm tests run one at a time, and a test
+# marked `alone` runs with no other: tests/conftest.py); on 2 cores that is no faster
+# (docs/contributing.md, "Parallel runs"). Extra arguments go to pytest
 # (e.g. -k watchdog, -m "not slow").
 # SWEEP_NO_SLURM=1 skips step 3 (the Slurm tests then skip instead of failing).
 set -euo pipefail
