@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK, ConfigError, validate
+from sweep.frameworks.nanotron.config_checks import validate
+from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK, ConfigError
 from sweep.plan import render, space
 from sweep.plan.spec import load_spec
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from sweep.core.runconfig import RunConfig
-from sweep.frameworks.nanotron import config_schema
+from sweep.frameworks.nanotron import config_checks, config_schema
 from sweep.frameworks.nanotron.config_schema import MAIN, PLAYBOOK
 from sweep.plan import render, space
 from sweep.plan.spec import Spec, parse_spec
@@ -96,7 +96,7 @@ def test_every_rendered_yaml_loads_strictly(rendered: tuple[str, list]) -> None:
     version, runs = rendered
     for config, loaded in runs:
         world = config.nodes * config.gpus_per_node
-        assert config_schema.problems(loaded, version, world) == [], config.run_id
+        assert config_checks.problems(loaded, version, world) == [], config.run_id
 
 
 def test_the_yaml_says_what_the_run_is(rendered: tuple[str, list]) -> None:
@@ -174,41 +174,41 @@ def test_the_validator_rejects_what_nanotron_would(main_yaml: dict[str, Any], pa
     if path == "parallelism.tp_mode":  # async communication stays on
         main_yaml = _broken(main_yaml, "parallelism.tp_linear_async_communication", True)
     with pytest.raises(config_schema.ConfigError, match=message):
-        config_schema.validate(_broken(main_yaml, path, value), MAIN)
+        config_checks.validate(_broken(main_yaml, path, value), MAIN)
 
 
 def test_tp_mode_takes_any_case_as_nanotron_upper_cases_it(main_yaml: dict[str, Any]) -> None:
-    config_schema.validate(_broken(main_yaml, "parallelism.tp_mode", "reduce_scatter"), MAIN)
+    config_checks.validate(_broken(main_yaml, "parallelism.tp_mode", "reduce_scatter"), MAIN)
 
 
 def test_the_context_parallel_key_is_refused_at_the_playbook_commit(main_yaml: dict[str, Any]) -> None:
     assert "context_parallel_size" in main_yaml["parallelism"]
     with pytest.raises(config_schema.ConfigError,
                        match=r"config\.parallelism\.context_parallel_size: unknown key"):
-        config_schema.validate(main_yaml, PLAYBOOK)
+        config_checks.validate(main_yaml, PLAYBOOK)
     playbook = _broken(main_yaml, "parallelism.context_parallel_size", ...)
-    config_schema.validate(playbook, PLAYBOOK)
+    config_checks.validate(playbook, PLAYBOOK)
     # ... where the tokenizer section is required, and main's LlamaConfig fields are unknown
     with pytest.raises(config_schema.ConfigError, match=r"config\.tokenizer: missing required"):
-        config_schema.validate(_broken(playbook, "tokenizer", ...), PLAYBOOK)
-    config_schema.validate(_broken(main_yaml, "tokenizer", ...), MAIN)
+        config_checks.validate(_broken(playbook, "tokenizer", ...), PLAYBOOK)
+    config_checks.validate(_broken(main_yaml, "tokenizer", ...), MAIN)
     with pytest.raises(config_schema.ConfigError, match=r"model_config\.z_loss_enabled: unknown"):
-        config_schema.validate(_broken(playbook, "model.model_config.z_loss_enabled", False),
+        config_checks.validate(_broken(playbook, "model.model_config.z_loss_enabled", False),
                                PLAYBOOK)
 
 
 def test_layout_asserts_replayed(main_yaml: dict[str, Any]) -> None:
     world = main_yaml["parallelism"]["dp"] * main_yaml["parallelism"]["tp"] * main_yaml["parallelism"]["pp"]
-    assert config_schema.problems(main_yaml, MAIN, world) == []
-    assert "!= WORLD_SIZE" in config_schema.problems(main_yaml, MAIN, world * 2)[0]
+    assert config_checks.problems(main_yaml, MAIN, world) == []
+    assert "!= WORLD_SIZE" in config_checks.problems(main_yaml, MAIN, world * 2)[0]
     with_cp = _broken(main_yaml, "parallelism.context_parallel_size", 2)
     assert any("Init with Context parallel size > 1 not supported yet" in p
-               for p in config_schema.problems(with_cp, MAIN, world * 2))
+               for p in config_checks.problems(with_cp, MAIN, world * 2))
     with_ep = _broken(main_yaml, "parallelism.expert_parallel_size", 2)
-    assert "!= WORLD_SIZE" in config_schema.problems(with_ep, MAIN, world * 2)[0]
+    assert "!= WORLD_SIZE" in config_checks.problems(with_ep, MAIN, world * 2)[0]
     one_f_one_b = _broken(_broken(main_yaml, "parallelism.pp", 4), "parallelism.pp_engine", "1f1b")
     one_f_one_b = _broken(one_f_one_b, "tokens.batch_accumulation_per_replica", 2)
-    assert any("at least PP_SIZE-1=3" in p for p in config_schema.problems(one_f_one_b, MAIN))
+    assert any("at least PP_SIZE-1=3" in p for p in config_checks.problems(one_f_one_b, MAIN))
 
 
 def test_a_run_the_capability_table_would_prune_does_not_render(rendered: tuple[str, list]) -> None:
@@ -313,7 +313,7 @@ def test_every_kept_moe_run_loads_strictly_as_a_qwen2_moe(moe_runs: list) -> Non
     for config, loaded, status, _ in moe_runs:
         if status != space.KEPT:
             continue
-        assert config_schema.problems(loaded, MAIN, _world(config)) == [], config.run_id
+        assert config_checks.problems(loaded, MAIN, _world(config)) == [], config.run_id
         layout, model, par = config.layout, config.model, loaded["parallelism"]
         qwen2 = loaded["model"]["model_config"]
         assert qwen2["is_qwen2_config"] is True and "is_llama_config" not in qwen2
@@ -338,7 +338,7 @@ def test_the_pruned_moe_set_is_exactly_what_nanotron_rejects(moe_runs: list) -> 
     rendered config, for the reason the rule gives."""
     reasons = {"expert_parallel": "expert_parallel_size", "moe_pipeline": "position_ids.numel()"}
     for config, loaded, status, detail in moe_runs:
-        found = config_schema.problems(loaded, MAIN, _world(config))
+        found = config_checks.problems(loaded, MAIN, _world(config))
         assert bool(found) == (status == "pruned:framework"), (config.run_id, found, detail)
         if found:
             rule = detail.split(":")[0]
@@ -379,7 +379,7 @@ def test_the_validator_rejects_what_nanotron_main_s_moe_would(
         moe_yaml: tuple[dict[str, Any], int], path: str, value: Any, message: str) -> None:
     loaded, _ = moe_yaml
     with pytest.raises(config_schema.ConfigError, match=message):
-        config_schema.validate(_broken(loaded, path, value), MAIN)
+        config_checks.validate(_broken(loaded, path, value), MAIN)
 
 
 def test_a_qwen2_config_is_told_by_its_keys_as_dacite_tells_it(
@@ -388,10 +388,10 @@ def test_a_qwen2_config_is_told_by_its_keys_as_dacite_tells_it(
     the dict a Qwen2Config, and without both it is a LlamaConfig, whose checks then apply."""
     loaded, world = moe_yaml
     untagged = _broken(loaded, "model.model_config.is_qwen2_config", ...)
-    assert config_schema.problems(untagged, MAIN, world) == []
+    assert config_checks.problems(untagged, MAIN, world) == []
     dense = _broken(untagged, "model.model_config.moe_config", ...)
     dense = _broken(dense, "model.model_config.log_attn_probs", ...)
-    assert config_schema.problems(_broken(dense, "parallelism.pp", 2), MAIN) == []
+    assert config_checks.problems(_broken(dense, "parallelism.pp", 2), MAIN) == []
 
 
 @pytest.mark.parametrize("world_has_ep", [False, True])
@@ -400,7 +400,7 @@ def test_expert_parallelism_is_rejected_whatever_the_world_size(
     """ParallelContext's product leaves ep out, and its (ep, pp, dp, cp, tp) layout counts it."""
     loaded, world = moe_yaml
     with_ep = _broken(loaded, "parallelism.expert_parallel_size", 2)
-    found = config_schema.problems(with_ep, MAIN, world * 2 if world_has_ep else world)
+    found = config_checks.problems(with_ep, MAIN, world * 2 if world_has_ep else world)
     assert any("lays the ranks out as (ep, pp, dp, cp, tp)" in p for p in found), found
     assert any("!= WORLD_SIZE" in p for p in found) == world_has_ep
 
@@ -411,7 +411,7 @@ def test_the_moe_config_is_refused_at_the_playbook_commit(
     playbook = _broken(loaded, "parallelism.context_parallel_size", ...)
     with pytest.raises(config_schema.ConfigError,
                        match=r"model_config\.is_qwen2_config: unknown key for LlamaConfig"):
-        config_schema.validate(playbook, PLAYBOOK)
+        config_checks.validate(playbook, PLAYBOOK)
 
 
 def test_a_moe_spec_for_the_playbook_commit_plans_nothing_for_nanotron() -> None:
