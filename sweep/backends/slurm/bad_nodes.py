@@ -11,12 +11,17 @@ the list, and every submission reads `exclude`.
 
 Writes are atomic and happen only when something changed, so a poll that saw nothing new leaves
 the file (and its modification time) alone, and a sweep whose nodes never failed has no file.
+Several processes change the file (a status poll or the search driver merging failures, `sweep
+nodes`, `sweep collect` counting stragglers), each by reading it, changing what it read and
+writing it back; each of those holds `.bad_nodes.json.lock` from the read to the write, so one
+never writes back a copy that misses what another added meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -28,9 +33,11 @@ from sweep.backends.slurm.submission import (
     node_records,
     update_exclusions,
 )
-from sweep.core.state import atomic_write_json, read_json
+from sweep.core.errors import UserError
+from sweep.core.state import LockHeld, atomic_write_json, exclusive_lock, read_json
 
 BAD_NODES_FILE: Final = "bad_nodes.json"
+LOCK_WAIT_S: Final = 60.0  # a holder reads, changes and writes one small file (and may ask sinfo)
 
 
 class BadNodes:
@@ -56,6 +63,13 @@ class BadNodes:
         A failure Slurm did not pin on a node (the batch host died with its srun) blames the
         job's nodes that `unhealthy()` (sinfo: down, drained, not responding) names now, else
         every node of the job; `unhealthy` is asked once, and only when there is such a failure."""
+        if not failures and not self.path.exists():
+            return []  # nothing to record, nothing recorded: no file, and no lock file either
+        with self._changing():
+            return self._merge(failures, unhealthy)
+
+    def _merge(self, failures: Sequence[NodeFailure], unhealthy: Callable[[], set[str]]
+               ) -> list[str]:
         data = self._read()
         now = time.time()
         known = {(f["run_id"], f.get("attempt"), f["kind"]): f for f in data.get("failures") or []}
@@ -78,6 +92,11 @@ class BadNodes:
         each with the reason in `reasons` when there is one (the fabric check's figure), which
         `sweep nodes` shows; forgiving a node drops its reason. The caller holds the sweep's
         submit lock, so that no submission reads a half-made change."""
+        with self._changing():
+            return self._change(forgive, exclude, reasons)
+
+    def _change(self, forgive: Sequence[str], exclude: Sequence[str],
+                reasons: Mapping[str, str] | None) -> NodeExclusions:
         data = self._read()
         changed = change_exclusions(_exclusions_of(data), forgive=forgive, exclude=exclude,
                                     now=time.time())
@@ -92,12 +111,28 @@ class BadNodes:
 
     def set_suspects(self, suspects: dict[str, dict[str, Any]]) -> None:
         """Replace the suspects with `suspects` (none: the key goes), writing only on a change."""
-        data = self._read()
-        updated = {key: value for key, value in data.items() if key != "suspects"}
-        if suspects:
-            updated["suspects"] = suspects
-        if updated != data:
-            atomic_write_json(self.path, updated)
+        if not suspects and not self.path.exists():
+            return
+        with self._changing():
+            data = self._read()
+            updated = {key: value for key, value in data.items() if key != "suspects"}
+            if suspects:
+                updated["suspects"] = suspects
+            if updated != data:
+                atomic_write_json(self.path, updated)
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the file's lock from a read to the write that follows it. The kernel drops a
+        flock when its holder dies, so a killed process leaves no stale lock."""
+        lock = self.path.with_name(f".{self.path.name}.lock")
+        try:
+            with exclusive_lock(lock, wait_s=LOCK_WAIT_S):
+                yield
+        except LockHeld:
+            raise UserError(f"{lock}: another process has held it for over {LOCK_WAIT_S:.0f} s "
+                            f"while changing {self.path.name}; if it is stuck, stop it (`fuser "
+                            f"{lock}` names it) and try again") from None
 
     def _read(self) -> dict[str, Any]:
         return read_json(self.path) or {}

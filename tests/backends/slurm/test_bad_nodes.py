@@ -68,3 +68,33 @@ def test_forgiving_and_excluding_by_hand_keep_the_failures_seen(tmp_path: Path) 
     changed = bad.change(forgive=["gpu3"], exclude=["gpu7"])
     assert changed.exclude == ("gpu7",) and bad.exclude() == ["gpu7"]
     assert len(json.loads((tmp_path / BAD_NODES_FILE).read_text())["failures"]) == 2
+
+
+def _record_failures(folder: str, writer: int, count: int) -> None:
+    """One writer process: `count` failures of its own, one merge each, and the suspects
+    `sweep collect` would record in between (set_suspects reads and writes the whole file too)."""
+    bad = BadNodes(Path(folder))
+    for index in range(count):
+        bad.merge([NodeFailure(f"w{writer}-r{index}", 1, "node_fail", (f"gpu{writer}",))])
+        bad.set_suspects({f"gpu{writer}": {"straggler_runs": index + 1, "runs": []}})
+
+
+def test_writers_in_several_processes_lose_none_of_each_others_failures(tmp_path: Path) -> None:
+    """Status polls, the search driver, `sweep nodes` and `sweep collect` each read the file,
+    change it and write it back, from processes of their own. Four real processes doing so at
+    once: every failure each one merged is in the file at the end."""
+    import multiprocessing
+
+    writers, count = 4, 25
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_record_failures, args=(str(tmp_path), writer, count))
+                 for writer in range(writers)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+        assert process.exitcode == 0
+    recorded = json.loads((tmp_path / BAD_NODES_FILE).read_text())
+    assert {f["run_id"] for f in recorded["failures"]} == {
+        f"w{w}-r{i}" for w in range(writers) for i in range(count)}
+    assert sorted(recorded["exclude"]) == [f"gpu{w}" for w in range(writers)]
