@@ -77,6 +77,17 @@ class CapabilityRule:
 
 
 @dataclass(frozen=True)
+class Requirement:
+    """A Python module that a version imports on every run although its own package does not
+    install it: the preflight and the job's version check look for it before anything starts,
+    so a missing one costs a clear message, not an allocation that dies at import."""
+
+    module: str
+    why: str  # what imports it, and when
+    install: str  # the command that installs it
+
+
+@dataclass(frozen=True)
 class SupportedVersion:
     """A version of the framework that we render for and test against.
 
@@ -87,6 +98,7 @@ class SupportedVersion:
     key: str
     description: str
     tested_with: tuple[str, ...] = ()
+    requires: tuple[Requirement, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,15 @@
 `python -m sweep.frameworks.versions --framework F [--framework-dir DIR] [--want KEY]` runs in
 the job before launch: it prints what it found as JSON (env.json keeps it), and exits 3 with a
 message that names the fix when the version is not one the adapter renders for, so a run never
-starts on a framework that would read our files differently.
+starts on a framework that would read our files differently, or when a module that version
+imports on every run is missing (`SupportedVersion.requires`), so a run never dies at import.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,6 +62,24 @@ def refusal(framework: str, wanted: str, detected: DetectedVersion) -> str | Non
     return f"{framework} version check: {found}; this run needs {version.description}. {fix}".strip()
 
 
+def missing_requirements(framework: str, wanted: str) -> list[str]:
+    """What `wanted` imports on every run and this Python cannot find, each with its fix. Looked
+    up without importing it (a GPU extension may need a device this process has none of)."""
+    from sweep.frameworks import get_adapter
+
+    problems = []
+    for need in get_adapter(framework).version(wanted).requires:
+        try:
+            found = importlib.util.find_spec(need.module) is not None
+        except (ImportError, ValueError):  # a parent package that is missing or broken
+            found = False
+        if not found:
+            problems.append(f"{framework} {wanted}: the Python module {need.module!r} is not "
+                            f"installed for {sys.executable} ({need.why}); install it where "
+                            f"the jobs run: {need.install}")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sweep.frameworks.versions",
                                      description=__doc__.splitlines()[0])
@@ -70,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     detected = detect(args.framework, args.framework_dir or None)
     try:
-        problem = refusal(args.framework, args.want, detected)
+        problem = refusal(args.framework, args.want, detected) \
+            or "; ".join(missing_requirements(args.framework, args.want)) or None
     except ValueError as error:  # an unknown framework or version key: a hand-edited script
         problem = str(error)
     if args.out:

@@ -298,13 +298,14 @@ def node_check(framework: str, want: str, framework_dir: str | None,
     """What this node says about the runs' needs: a list of problems, empty when all is well."""
     import sweep
     from sweep.core.catalog import gpu_mismatch
-    from sweep.frameworks.versions import detect, refusal
+    from sweep.frameworks.versions import detect, missing_requirements, refusal
 
     problems: list[str] = []
     detected = detect(framework, framework_dir)
     refused = refusal(framework, want, detected)
     if refused:
         problems.append(refused)
+    problems += missing_requirements(framework, want)
     found_gpus = visible_gpus() if gpus else None
     if gpus and (found_gpus or 0) < gpus:
         problems.append(f"{found_gpus or 0} GPU(s) visible, the runs need {gpus} per node: "

@@ -18,7 +18,7 @@ why); the playbook's commit has no MoE.
 from __future__ import annotations
 
 from sweep.core.model import ModelShape
-from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
+from sweep.frameworks.base import FrameworkAdapter, Requirement, SupportedVersion
 from sweep.frameworks.nanotron import capabilities
 from sweep.frameworks.nanotron.config_schema import MAIN, MAIN_COMMIT, PLAYBOOK, PLAYBOOK_COMMIT
 from sweep.frameworks.nanotron.parser import NanotronParser
@@ -41,6 +41,12 @@ def pipeline_fits(model: ModelShape, stages: int) -> bool:
     return min(stage_block_counts(model, stages, "nanotron")) > 0
 
 
+# nanotron main imports it for every run, dense ones too (scaling/parametrization.py imports
+# nn/moe.py, which raises without it @2411b022), and does not declare it as a dependency.
+GROUPED_GEMM = Requirement(
+    "grouped_gemm", "nanotron main imports it for every run, dense models too, through "
+    "nn/moe.py", "pip install --no-build-isolation git+https://github.com/fanshiqing/grouped_gemm@main")
+
 ADAPTER = FrameworkAdapter(
     name="nanotron",
     description="nanotron's run_train.py with a rendered YAML config, launched by torchrun",
@@ -48,7 +54,7 @@ ADAPTER = FrameworkAdapter(
     flops_convention="full_attention",
     versions=(
         SupportedVersion(MAIN, "nanotron main from 2025-03-26 (8279c784) on",
-                         tested_with=(MAIN_COMMIT,)),
+                         tested_with=(MAIN_COMMIT,), requires=(GROUPED_GEMM,)),
         SupportedVersion(PLAYBOOK, "nanotron @e24d2483 (2025-02-19), the Ultra-Scale Playbook's "
                          "commit", tested_with=(PLAYBOOK_COMMIT,)),
     ),

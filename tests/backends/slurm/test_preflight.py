@@ -53,6 +53,16 @@ def test_the_node_check_finds_missing_gpus_and_a_wrong_framework_version() -> No
         found["gpus_visible"] >= 8
 
 
+def test_the_node_check_names_a_module_the_framework_imports_but_does_not_install() -> None:
+    """nanotron main needs grouped_gemm on every node (tests/frameworks/nanotron/test_version.py
+    has the job's own check); the preflight says so before the first array is submitted."""
+    from sweep.frameworks.nanotron.config_schema import MAIN
+
+    found = node_check("nanotron", MAIN, None, None)
+    assert any("'grouped_gemm' is not installed" in p and "pip install" in p
+               for p in found["problems"])
+
+
 @pytest.mark.parametrize(("device", "problem"), [
     ("NVIDIA H100 80GB HBM3", None),
     ("NVIDIA A100-SXM4-80GB", "the spec says h100-sxm, but this node has NVIDIA A100-SXM4-80GB "

@@ -70,3 +70,47 @@ def test_the_blob_id_is_git_s(tmp_path: Path) -> None:
 def test_no_checkout_is_a_problem_not_an_exception(where: str | None) -> None:
     detected = version.detect(where)
     assert detected.key is None and "framework_dir" in detected.problem
+
+
+def check_main_checkout(root: Path, *python_path: Path) -> subprocess.CompletedProcess[str]:
+    """The job's version check, as the rendered script runs it, against a main checkout."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [*map(str, python_path), str(Path(__file__).resolve().parents[3])])}
+    return subprocess.run([sys.executable, "-m", "sweep.frameworks.versions", "--framework",
+                           "nanotron", "--want", MAIN, "--framework-dir", str(root)],
+                          capture_output=True, text=True, env=env, check=False, timeout=60)
+
+
+def test_main_is_refused_before_launch_without_grouped_gemm_and_says_how_to_install_it(
+        tmp_path: Path) -> None:
+    """nanotron main imports grouped_gemm for every run, dense ones too, and does not install
+    it: the job refuses to start, with the command that installs it, rather than dying at import
+    after its allocation started. This Python has no grouped_gemm; a package of that name on the
+    path (an empty one: the check looks the module up, never imports it) is enough to pass."""
+    from sweep.frameworks.versions import LAUNCH_REFUSED
+
+    root = checkout(tmp_path / "nanotron", NEW_TRAINER, WITH_CP)
+    refused = check_main_checkout(root)
+    assert refused.returncode == 3, refused.stderr
+    assert refused.stderr.startswith(LAUNCH_REFUSED)
+    assert "'grouped_gemm' is not installed" in refused.stderr
+    assert "pip install --no-build-isolation git+https://github.com/fanshiqing/grouped_gemm@main" \
+        in refused.stderr
+
+    site = tmp_path / "site"
+    (site / "grouped_gemm").mkdir(parents=True)
+    (site / "grouped_gemm" / "__init__.py").write_text("raise ImportError('needs a GPU')\n")
+    started = check_main_checkout(root, site)
+    assert started.returncode == 0, started.stderr
+    assert f"supported as {MAIN}" in started.stdout
+
+
+def test_the_playbook_commit_needs_no_grouped_gemm() -> None:
+    from sweep.frameworks.versions import missing_requirements
+
+    assert missing_requirements("nanotron", PLAYBOOK) == []
+    [problem] = missing_requirements("nanotron", MAIN)
+    assert "grouped_gemm" in problem
