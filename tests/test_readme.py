@@ -12,6 +12,7 @@ from pathlib import Path
 from sweep.collect import schema
 from sweep.frameworks.matrix import capability_tables, freshness_table, support_matrix
 from sweep.job import classify
+from sweep.plan.space import PRUNE_RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -28,7 +29,11 @@ def generated_sections() -> dict[str, str]:
     for row in classify.rule_table():
         when = row["description"].replace("|", r"\|")
         rules.append(f"| `{row['rule']}` | {row['outcome']} | {when} |")
-    return {"rules": "\n".join(rules), "schema": schema.markdown_table(),
+    prune = ["| rule | prunes |", "|---|---|"]
+    for rule in PRUNE_RULES:
+        prune.append(f"| `{rule.name}` | {rule.why.replace('|', chr(92) + '|')} |")
+    return {"rules": "\n".join(rules), "prune_rules": "\n".join(prune),
+            "schema": schema.markdown_table(),
             "frameworks": support_matrix(), "freshness": freshness_table(),
             "capabilities": capability_tables()}
 

@@ -74,26 +74,26 @@ PRUNE_RULES: Final = (
                         "chunks, so 2·cp must divide seq_len; with sequence parallelism each "
                         "chunk is split over tp too, so cp·tp must divide it"),
     PruneRule("pp_layers", "every pipeline stage must get at least one block, counted as the "
-                           "framework places them (see `pipeline_fits`)"),
+                           "framework places them (each adapter's `pipeline_fits`)"),
     PruneRule("batch", "the global batch must split into dp·ep replicas × mbs × an integer "
                        "grad_acc"),
-    PruneRule("pp_grad_acc", "1F1B needs grad_acc >= pp − 1 micro-batches (nanotron asserts "
-                             "it; torch.distributed.pipelining, under the built-in workload, "
-                             ">= pp); interleaved 1F1B needs grad_acc to be a multiple of pp"),
+    PruneRule("pp_grad_acc", "1F1B needs grad_acc ≥ pp − 1 micro-batches (nanotron asserts "
+                             "it; `torch.distributed.pipelining`, under the built-in workload, "
+                             "≥ pp); interleaved 1F1B needs grad_acc to be a multiple of pp"),
     PruneRule("tp_across_nodes", "a TP group must fit inside one node unless the spec sets "
-                                 "constraints.allow_tp_across_nodes"),
-    PruneRule("max_tp", "tp above constraints.max_tp (default: GPUs per node)"),
-    PruneRule("max_pp", "pp above constraints.max_pp"),
-    PruneRule("max_mbs", "micro-batch size above constraints.max_mbs"),
+                                 "`constraints.allow_tp_across_nodes`"),
+    PruneRule("max_tp", "tp above `constraints.max_tp` (default: GPUs per node)"),
+    PruneRule("max_pp", "pp above `constraints.max_pp`"),
+    PruneRule("max_mbs", "micro-batch size above `constraints.max_mbs`"),
     PruneRule("framework", "the framework cannot run this configuration as labelled: a rule of "
-                           "its adapter's capability table (sweep/frameworks/<name>/"
-                           "capabilities.py); `prune_detail` gives the rule and the framework's "
+                           "its adapter's capability table (`sweep/frameworks/<name>/"
+                           "capabilities.py`); `prune_detail` gives the rule and the framework's "
                            "reason"),
     PruneRule("memory", "the memory model's total for the most loaded GPU exceeds its memory "
-                        "× (1 − constraints.memory_headroom), and so does the low end of its "
+                        "× (1 − `constraints.memory_headroom`), and so does the low end of its "
                         "left-out error band (inside the band the run is kept as a probe; "
-                        "constraints.memory_probes: false prunes on the point estimate); on "
-                        "gpu: cpu without gpu_memory_gb, the tensors a rank holds "
+                        "`constraints.memory_probes: false` prunes on the point estimate); on "
+                        "`gpu: cpu` without `gpu_memory_gb`, the tensors a rank holds "
                         "(mem_allocated_bytes) exceed its share of host memory "
                         "(`sweep.plan.device_memory`)"),
 )
