@@ -4,7 +4,8 @@ The model follows what a training step puts on a GPU:
 - persistent state: weights, gradients (with the framework's fp32 accumulation), optimizer states,
   each sharded as the ZeRO stage says;
 - the forward/backward transients: activations of the micro-batches in flight on the stage (by
-  recomputation mode, TP/SP and CP sharding, pipeline schedule) and the logits + loss path;
+  recomputation mode, TP/SP and CP sharding, pipeline schedule) and the logits + loss path
+  (sweep.models.activation_memory);
 - buffers: fixed workspaces, sequence-parallel gather buffers, FSDP's gathered copies, autocast's
   weight casts, and what the optimizer step adds (the ZeRO-1 all-gather; gradients a framework
   makes only after the activation peak) where it exceeds the activation memory freed by then;
@@ -22,21 +23,21 @@ reports as "Mem Alloc": its `log_memory` resets the peak counters right after th
 
 The most loaded rank is the first or the last pipeline stage (embedding and most in-flight
 micro-batches, or the LM head and the logits); `stage=` picks one to compare with a measurement.
+How many layers each holds is the framework's split (sweep.models.pipeline_stages).
 
-Each term above is a small pure function, named for it, of `_Config` (the rows' layouts,
-`_Layouts`, and what every row shares: model, profile, dtype, sequence length) and of what one
-rank of a stage holds (`_StageParameters`, `_StageActivations`); `_stage_memory` adds them up for
-one rank of a stage. One vectorised function, `_compute`, does so for the first and the last
+Each term above is a small pure function, named for it, of `MemoryConfig` (sweep.models.memory_config:
+the rows' layouts, and what every row shares: model, profile, dtype, sequence length) and of what
+one rank of a stage holds (`_StageParameters`, `StageActivations`); `_stage_memory` adds them up
+for one rank of a stage. One vectorised function, `_compute`, does so for the first and the last
 stage of every row; `estimate` calls it with one row, so the scalar and the column paths agree
-exactly. Pure: no I/O; imports numpy, sweep.core.model/layout and the profiles.
+exactly. Pure: no I/O; imports numpy, sweep.core.model/layout, the profiles and the modules named
+above.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Final
 
 import numpy as np
@@ -45,16 +46,25 @@ from numpy.typing import ArrayLike
 from sweep.core.layout import LAYOUT_COLUMNS, LAYOUT_INT_COLUMNS, PP_SCHEDULES, RECOMPUTE_MODES, Layout
 from sweep.core.model import ModelShape, count_parameters, mlp_kind
 from sweep.core.units import GiB
+from sweep.models.activation_memory import (
+    LayerActivations,
+    StageActivations,
+    first_stage_activations,
+    last_stage_activations,
+    layer_activations,
+    logits_at_forward_end,
+    one_layer_at_a_time,
+)
+from sweep.models.memory_config import Layouts, MemoryConfig, fsdp_reduction_deferred
 from sweep.models.memory_profiles import PROFILES, RESERVED_BAND, MemoryProfile, get_profile
+from sweep.models.pipeline_stages import first_last_stage_layers
 
 __all__ = ["COMPONENTS", "PROFILES", "MemoryEstimate", "MemoryProfile", "cuda_graphed", "estimate",
-           "estimate_columns", "fsdp_reduction_deferred", "megatron_extra_layers", "split_stages", "stage_layer_counts", "stage_block_counts",
-           "STAGE_SPLITS"]
+           "estimate_columns"]
 
 COMPONENTS: Final = ("weights", "gradients", "optimizer", "activations", "logits", "buffers",
                      "fragmentation", "overhead")
 STAGES: Final = ("most_loaded", "first", "last")
-STAGE_SPLITS: Final = ("even", "cost", "embedding_blocks", "megatron")
 _ACT_BYTES: Final = {"bf16": 2, "fp16": 2, "fp8": 2, "tf32": 4, "fp32": 4}
 
 
@@ -84,121 +94,11 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- pipeline stages
-
-def _layer_cost(model: ModelShape) -> tuple[int, int]:
-    """nanotron's block costs (LlamaModel.get_block_compute_costs): decoder layer and LM head."""
-    h = model.hidden_size
-    layer = 4 * model.num_attention_heads * model.head_dim * h + 3 * model.ffn_hidden_size * h
-    return layer, model.vocab_size * h
-
-
-@functools.cache
-def _cost_split(model: ModelShape, pp: int) -> tuple[tuple[int, int], ...]:
-    """nanotron's balanced split: (decoder layers, all blocks) per stage.
-
-    Blocks in order: embedding, L decoder layers, final norm, LM head, cast-to-fp32, loss; a block goes
-    to the current stage, which closes once the cumulative cost reaches its share (cum >= total*(r+1)/pp,
-    the rule of the 2025 playbook runs: 1B at pp=2 puts 10 layers on stage 0).
-    """
-    layer, head = _layer_cost(model)
-    costs = [(0, False)] + [(layer, True)] * model.num_layers + [(0, False), (head, False),
-                                                                  (0, False), (0, False)]
-    total = layer * model.num_layers + head
-    layers = [0] * pp
-    blocks = [0] * pp
-    rank, cum = 0, 0
-    for cost, is_layer in costs:
-        cum += cost
-        layers[rank] += is_layer
-        blocks[rank] += 1
-        if rank < pp - 1 and cum * pp >= total * (rank + 1):
-            rank += 1
-    return tuple(zip(layers, blocks))
-
-
-@functools.cache
-def _even_split(layers: int, pp: int, embedding_blocks: int, head_blocks: int
-                ) -> tuple[tuple[int, int], ...]:
-    """(decoder layers, blocks) per stage when `embedding_blocks` embedding blocks, the L layers and
-    `head_blocks` head blocks are dealt out evenly in that order, the first stages taking one more
-    where they do not divide."""
-    items = [False] * embedding_blocks + [True] * layers + [False] * head_blocks
-    base, extra = divmod(len(items), pp)
-    out, start = [], 0
-    for rank in range(pp):
-        size = base + (1 if rank < extra else 0)
-        out.append((sum(items[start:start + size]), size))
-        start += size
-    return tuple(out)
-
-
-def megatron_extra_layers(layers: int, stages: int) -> int | None:
-    """How many of the loss and the embedding Megatron counts as a layer in its even split: the
-    fewest of 0, 1 (--account-for-loss-in-pipeline-split) and 2 (and
-    --account-for-embedding-in-pipeline-split) that make the layers divide, as
-    templates/launch/megatron.args renders them; None where none does (Megatron refuses the
-    split, and the adapter's `pipeline_fits` prunes it)."""
-    return next((extra for extra in (0, 1, 2) if (layers + extra) % stages == 0), None)
-
-
-def split_stages(model: ModelShape, pp: int, split: str) -> tuple[tuple[int, int], ...]:
-    """(decoder layers, blocks) on each pipeline stage, under a framework's split (`STAGE_SPLITS`):
-
-    - "cost": nanotron's balanced split by compute cost (`_cost_split`);
-    - "even": the layers dealt out evenly, the first stages taking one more (the built-in
-      workload; DeepSpeed's partition method "type:transformer", with the embedding on stage 0);
-    - "embedding_blocks": the embedding and the LM head count as one layer each (torchtitan 0.2's
-      `generate_llm_fqn_per_model_part` with its default pipeline_parallel_first/last_stage_less_layers
-      of 1, torchtitan/distributed/pipeline_parallel.py, and 0.3.0's `_generate_llm_fqn_per_model_part`,
-      the same function renamed, with the same defaults; DeepSpeed's "type:transformer|embedding");
-    - "megatron": Megatron-LM's even split, counting the loss and then the embedding as a layer
-      where the layers alone do not divide (`megatron_extra_layers`).
-    """
-    if split == "cost":
-        return _cost_split(model, pp)
-    if split == "even":
-        return _even_split(model.num_layers, pp, 0, 0)
-    if split == "embedding_blocks":
-        return _even_split(model.num_layers, pp, 1, 1)
-    if split == "megatron":
-        extra = megatron_extra_layers(model.num_layers, pp) or 0
-        return _even_split(model.num_layers, pp, 1 if extra == 2 else 0, 1 if extra >= 1 else 0)
-    raise ValueError(f"unknown stage split {split!r}; known: {', '.join(STAGE_SPLITS)}")
-
-
-def stage_layer_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
-                       ) -> tuple[int, ...]:
-    """Decoder layers on each pipeline stage, as the profile's framework splits them."""
-    return tuple(n for n, _ in split_stages(model, pp, get_profile(profile).stage_split))
-
-
-def stage_block_counts(model: ModelShape, pp: int, profile: str | MemoryProfile = "builtin"
-                       ) -> tuple[int, ...]:
-    """Pipeline blocks per stage; a stage with none cannot run. nanotron counts the embedding, the
-    final norm, the LM head, the fp32 cast and the loss as blocks too; torchtitan and Megatron
-    (where it accounts for them) the embedding and the head; the even split counts layers."""
-    return tuple(b for _, b in split_stages(model, pp, get_profile(profile).stage_split))
-
-
-def _first_last_layers(model: ModelShape, pp: np.ndarray, profile: MemoryProfile
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    pp = np.asarray(pp, dtype=np.int64)
-    if pp.size == 0:
-        return np.zeros(0), np.zeros(0)
-    first = np.zeros(int(pp.max()) + 1, dtype=np.float64)  # lookup tables indexed by pp (O(n))
-    last = np.zeros_like(first)
-    for p in np.flatnonzero(np.bincount(pp)):
-        counts = stage_layer_counts(model, int(p), profile)
-        first[p], last[p] = counts[0], counts[-1]
-    return first[pp], last[pp]
-
+# ---------------------------------------------------------------- the rows
 
 def _is(column: np.ndarray, value: str) -> np.ndarray:
     return np.asarray(column == value, dtype=bool)
 
-
-# ---------------------------------------------------------------- the rows
 
 def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Validate the columns; return one boolean mask per recompute mode and pipeline schedule."""
@@ -226,89 +126,14 @@ def _check_columns(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return masks
 
 
-@dataclass(frozen=True, eq=False)
-class _Layouts:
-    """The rows' layouts: each count as float64 (`LAYOUT_INT_COLUMNS`), sp as booleans, and one
-    boolean mask per recompute mode and pipeline schedule (`_check_columns`)."""
-
-    dp: np.ndarray
-    tp: np.ndarray
-    pp: np.ndarray
-    cp: np.ndarray
-    ep: np.ndarray
-    mbs: np.ndarray
-    grad_acc: np.ndarray
-    zero_stage: np.ndarray
-    vpp: np.ndarray
-    sp: np.ndarray
-    modes: Mapping[str, np.ndarray]
-
-    @classmethod
-    def of(cls, columns: Mapping[str, np.ndarray], modes: Mapping[str, np.ndarray]) -> _Layouts:
-        counts = {k: np.asarray(columns[k], dtype=np.float64) for k in LAYOUT_INT_COLUMNS}
-        return cls(**counts, sp=np.asarray(columns["sp"], dtype=bool), modes=modes)
-
-    @cached_property
-    def single_stage(self) -> np.ndarray:
-        return self.pp == 1
-
-
-@dataclass(frozen=True, eq=False)
-class _Config:
-    """One training configuration per row: what every row shares, and the rows' layouts."""
-
-    model: ModelShape
-    prof: MemoryProfile
-    seq_len: int
-    activation_bytes: float  # per activation element, the dtype's (`_ACT_BYTES`)
-    full_precision: bool  # fp32/tf32: the weights are the master copy, autocast casts nothing
-    layouts: _Layouts
-
-    @cached_property
-    def tokens(self) -> np.ndarray:
-        """Tokens of one micro-batch on one rank: CP splits the sequence."""
-        return self.layouts.mbs * self.seq_len / self.layouts.cp
-
-    @cached_property
-    def sequence_shards(self) -> np.ndarray:
-        """How many ways the norm and linear inputs are sharded: SP shards them over TP."""
-        return np.where(self.layouts.sp, self.layouts.tp, 1.0)
-
-    @cached_property
-    def expert_tp(self) -> np.ndarray | float:
-        """How many ways TP shards each expert's weights: tp, or 1 where the profile keeps every
-        expert whole on each TP rank (`MemoryProfile.experts_shard_over_tp`), or where EP is on
-        and the profile's TP shards experts only without it (`expert_tp_only_without_ep`)."""
-        if self.prof.experts_shard_over_tp and self.prof.expert_tp_only_without_ep:
-            return np.where(self.layouts.ep > 1, 1.0, self.layouts.tp)
-        return self.layouts.tp if self.prof.experts_shard_over_tp else 1.0
-
-    @cached_property
-    def mlp_shards(self) -> np.ndarray:
-        """How many ways a rank's share of the MLP activations is cut: TP shards the FFN width,
-        or, for experts kept whole on each TP rank, each rank runs them on the tokens it holds
-        (SP's share of the sequence, or all of it)."""
-        whole_experts = self.model.is_moe and not self.prof.experts_shard_over_tp
-        return self.sequence_shards if whole_experts else self.layouts.tp
-
-    @property
-    def residual_bytes(self) -> float:
-        """Bytes per element of the residual stream: what the norms save, the layer input."""
-        return max(self.prof.residual_bytes, self.activation_bytes)
-
-    def in_weight_dtype(self, nbytes: float) -> float:
-        """Bytes per parameter of a buffer kept in the weights' dtype: fp32 in fp32 runs."""
-        return max(nbytes, 4.0) if self.full_precision and nbytes else nbytes
-
-
 def _config(model: ModelShape, columns: Mapping[str, np.ndarray], modes: Mapping[str, np.ndarray],
-            seq_len: int, dtype: str, prof: MemoryProfile) -> _Config:
+            seq_len: int, dtype: str, prof: MemoryProfile) -> MemoryConfig:
     if dtype not in _ACT_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_ACT_BYTES)}")
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    return _Config(model, prof, seq_len, float(_ACT_BYTES[dtype]), dtype in ("fp32", "tf32"),
-                   _Layouts.of(columns, modes))
+    return MemoryConfig(model, prof, seq_len, float(_ACT_BYTES[dtype]), dtype in ("fp32", "tf32"),
+                        Layouts.of(columns, modes))
 
 
 # ---------------------------------------------------------------- parameters
@@ -330,15 +155,10 @@ def _layer_parameters(model: ModelShape) -> _LayerParameters:
     return _LayerParameters(dense, expert)
 
 
-def _layer_parameters_per_rank(cfg: _Config, layer: _LayerParameters) -> np.ndarray:
+def _layer_parameters_per_rank(cfg: MemoryConfig, layer: _LayerParameters) -> np.ndarray:
     """One layer's parameters on one rank: dense ones sharded over TP, experts over TP·EP (EP
     alone where the profile keeps experts whole on each TP rank)."""
     return layer.dense / cfg.layouts.tp + layer.expert / (cfg.layouts.ep * cfg.expert_tp)
-
-
-def _vocabulary_matrix(cfg: _Config) -> np.ndarray:
-    """The embedding's or the LM head's parameters on one rank (TP shards the vocabulary)."""
-    return float(cfg.model.vocab_size) * float(cfg.model.hidden_size) / cfg.layouts.tp
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,23 +172,23 @@ class _StageParameters:
     head: np.ndarray
 
 
-def _first_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParameters
+def _first_stage_parameters(cfg: MemoryConfig, layers: np.ndarray, layer: _LayerParameters
                             ) -> _StageParameters:
     """The embedding and the first stage's layers; with one stage, the final norm and the LM
     head too (a matrix of its own unless tied to the embedding)."""
     lay, model = cfg.layouts, cfg.model
-    embedding = _vocabulary_matrix(cfg)
+    embedding = cfg.vocabulary_matrix
     head = float(model.hidden_size) + (0.0 if model.tie_word_embeddings else 1.0) * embedding
     dense = layers * layer.dense / lay.tp + embedding + np.where(lay.single_stage, head, 0.0)
     return _StageParameters(dense, layers * layer.expert / (cfg.expert_tp * lay.ep),
                             np.where(lay.single_stage, embedding, 0.0))
 
 
-def _last_stage_parameters(cfg: _Config, layers: np.ndarray, layer: _LayerParameters
+def _last_stage_parameters(cfg: MemoryConfig, layers: np.ndarray, layer: _LayerParameters
                            ) -> _StageParameters:
     """The last stage's layers, the final norm and the LM head."""
     lay = cfg.layouts
-    head = _vocabulary_matrix(cfg)
+    head = cfg.vocabulary_matrix
     dense = layers * layer.dense / lay.tp + head + float(cfg.model.hidden_size)
     return _StageParameters(dense, layers * layer.expert / (cfg.expert_tp * lay.ep), head)
 
@@ -385,7 +205,7 @@ class _StateBytes:
     optimizer: float  # the fp32 master copy (unless the weights are one) and Adam's moments
 
 
-def _state_bytes(cfg: _Config) -> _StateBytes:
+def _state_bytes(cfg: MemoryConfig) -> _StateBytes:
     prof, lay = cfg.prof, cfg.layouts
     replicas = lay.dp * lay.ep * lay.cp
     return _StateBytes(
@@ -405,7 +225,7 @@ class _Shards:
     expert: np.ndarray
 
 
-def _zero_shards(cfg: _Config) -> _Shards:
+def _zero_shards(cfg: MemoryConfig) -> _Shards:
     lay = cfg.layouts
     cp = lay.cp if cfg.prof.zero_shards_over_cp else 1.0
     if cfg.prof.expert_tp_only_without_ep:  # under EP the TP ranks shard the experts' state
@@ -413,22 +233,12 @@ def _zero_shards(cfg: _Config) -> _Shards:
     return _Shards(lay.dp * lay.ep * cp, lay.dp * cp)
 
 
-def _sharded(cfg: _Config, bytes_per_parameter: float, from_stage: int,
+def _sharded(cfg: MemoryConfig, bytes_per_parameter: float, from_stage: int,
              params: _StageParameters, shards: _Shards) -> np.ndarray:
     """Bytes of a state of `bytes_per_parameter`, which ZeRO shards from stage `from_stage` on."""
     on = cfg.layouts.zero_stage >= from_stage
     return bytes_per_parameter * (params.dense / np.where(on, shards.dense, 1.0)
                                   + params.expert / np.where(on, shards.expert, 1.0))
-
-
-def fsdp_reduction_deferred(prof: MemoryProfile, zero_stage: ArrayLike, pp: ArrayLike,
-                            grad_acc: ArrayLike) -> np.ndarray:
-    """Where FSDP's reduce-scatter waits for the step's last micro-batch, so that a rank holds
-    whole gradients until then, not its 1/(dp·cp) shard of them
-    (`MemoryProfile.pipeline_defers_fsdp_reduction`, `grad_acc_defers_fsdp_reduction`)."""
-    zero, stages, micro = (np.asarray(x, dtype=np.float64) for x in (zero_stage, pp, grad_acc))
-    return (zero >= 2) & (((stages > 1) & prof.pipeline_defers_fsdp_reduction)
-                          | ((micro > 1) & prof.grad_acc_defers_fsdp_reduction))
 
 
 @dataclass(frozen=True, eq=False)
@@ -447,11 +257,11 @@ def cuda_graphed(prof: MemoryProfile, pp: ArrayLike, ep: ArrayLike) -> np.ndarra
     return np.asarray(prof.cuda_graphs & (stages == 1) & (experts == 1), dtype=bool)
 
 
-def _cuda_graphed(cfg: _Config) -> np.ndarray:
+def _cuda_graphed(cfg: MemoryConfig) -> np.ndarray:
     return cuda_graphed(cfg.prof, cfg.layouts.pp, cfg.layouts.ep)
 
 
-def _gradients(cfg: _Config, params: _StageParameters, nbytes: _StateBytes, shards: _Shards
+def _gradients(cfg: MemoryConfig, params: _StageParameters, nbytes: _StateBytes, shards: _Shards
                ) -> _Gradients:
     """ZeRO-2 and up shard them; FSDP whose reduce-scatter waits for the step's last
     micro-batch holds whole ones until then (whose shards it makes after the peak), and a
@@ -468,7 +278,7 @@ def _gradients(cfg: _Config, params: _StageParameters, nbytes: _StateBytes, shar
     return _Gradients(at_peak, np.where(deferred, sharded - whole, sharded * later))
 
 
-def _optimizer_step_needs(cfg: _Config, params: _StageParameters, shards: _Shards,
+def _optimizer_step_needs(cfg: MemoryConfig, params: _StageParameters, shards: _Shards,
                           gradients: _Gradients) -> np.ndarray:
     """What the optimizer step needs beyond the activation peak's state: the gradients made after
     it (deferred: the sharded ones, the whole ones freed by then), the ZeRO-1 all-gather of the
@@ -491,7 +301,7 @@ class _ModelState:
     step_needs: np.ndarray
 
 
-def _model_state(cfg: _Config, params: _StageParameters) -> _ModelState:
+def _model_state(cfg: MemoryConfig, params: _StageParameters) -> _ModelState:
     nbytes, shards = _state_bytes(cfg), _zero_shards(cfg)
     gradients = _gradients(cfg, params, nbytes, shards)
     return _ModelState(
@@ -500,183 +310,16 @@ def _model_state(cfg: _Config, params: _StageParameters) -> _ModelState:
         step_needs=_optimizer_step_needs(cfg, params, shards, gradients))
 
 
-# ---------------------------------------------------------------- activations
-
-def _one_layer_at_a_time(masks: Mapping[str, np.ndarray], prof: MemoryProfile) -> np.ndarray:
-    """Rows whose layers are recomputed in backward, one layer at a time: full recomputation, and
-    selective where the profile's selective policy recomputes more than the attention scores."""
-    return masks["full"] | (masks["selective"] & bool(prof.selective_saves))
-
-
-def _attention_scores_per_token(cfg: _Config) -> float | np.ndarray:
-    """Without flash attention the core attention saves its softmax and the dropout's output, two
-    s x s tensors per head (Korthikanti et al. 2022, Sec. 4.1), unless it is recomputed; a
-    recomputing backward holds them for the one layer (or core attention) it recomputes."""
-    if cfg.prof.flash_attention:
-        return 0.0
-    lay = cfg.layouts
-    return cfg.activation_bytes * 2 * cfg.model.num_attention_heads * (cfg.seq_len / lay.cp) / lay.tp
-
-
-def _mlp_width(model: ModelShape) -> tuple[float, float]:
-    """(experts per token, FFN width of each): a dense MLP is one expert."""
-    if model.is_moe:
-        return float(model.experts_per_token), float(model.moe_ffn_hidden_size)
-    return 1.0, float(model.ffn_hidden_size)
-
-
-def _saved_per_token(cfg: _Config) -> np.ndarray:
-    """Bytes a layer saves for backward per token when nothing is recomputed: 2 norms, the
-    linears' normed inputs (h each), q, k, v, the attention output, the MLP, and (no flash
-    attention) the s x s scores."""
-    prof, model, lay, a = cfg.prof, cfg.model, cfg.layouts, cfg.activation_bytes
-    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
-    experts, ffn = _mlp_width(model)
-    ffn_saved = 2.0 if mlp_kind(model) == "gelu" else 4.0  # GELU: fc1 out, fc2 in; SwiGLU: gate, up, silu, product
-    norm = (2.0 if prof.norm_saves_output else 1.0) * cfg.residual_bytes  # per norm
-    # a profile whose linears read their input through autocast's casts (one per linear) saves
-    # one per norm without it: the linears after a norm share its output
-    copies = 2 if prof.autocast_weight_bytes and cfg.full_precision else prof.linear_input_copies
-    kv_saved = q if prof.kv_saved_at_query_width else kv
-    per_token = ((2 * norm + copies * a) * h / cfg.sequence_shards
-                 + a * (2 * q + 2 * kv_saved) / lay.tp + a * ffn_saved * experts * ffn / cfg.mlp_shards
-                 + (a * 2 * h * experts / cfg.sequence_shards if model.is_moe else 0.0))  # MoE: permuted tokens
-    return per_token + np.where(lay.modes["none"], _attention_scores_per_token(cfg), 0.0)
-
-
-def _layer_input_per_token(cfg: _Config) -> np.ndarray:
-    """What full recomputation keeps of a layer per token: its input, the residual stream."""
-    return cfg.residual_bytes * float(cfg.model.hidden_size) / cfg.sequence_shards
-
-
-def _kept_per_token(cfg: _Config) -> np.ndarray:
-    """What a layer recomputed one at a time keeps per token: its input, and under the profile's
-    selective policy the outputs of its `selective_saves` linears (in a MoE layer its
-    `moe_selective_saves`, and the tokens EP's all-to-all moved where it keeps them) and the
-    attention output (wo and w2 end in a reduction: hidden-wide)."""
-    model, lay, prof = cfg.model, cfg.layouts, cfg.prof
-    h, q, kv = float(model.hidden_size), float(model.q_dim), float(model.kv_dim)
-    experts, ffn = _mlp_width(model)
-    output_width = {"wq": q / lay.tp, "wk": kv / lay.tp, "wv": kv / lay.tp,
-                    "wo": h / cfg.sequence_shards, "w1": experts * ffn / cfg.mlp_shards,
-                    "w3": experts * ffn / cfg.mlp_shards, "w2": h / cfg.sequence_shards}
-    saves = prof.moe_selective_saves if model.is_moe and prof.moe_selective_saves is not None \
-        else prof.selective_saves
-    kept = _layer_input_per_token(cfg) + cfg.activation_bytes * (
-        q / lay.tp + sum(output_width[name] for name in saves))
-    if model.is_moe and prof.selective_keeps_dispatch:  # dispatched and combined, k per token
-        kept = kept + np.where(lay.ep > 1, cfg.activation_bytes * 2 * h * experts / cfg.mlp_shards,
-                               0.0)
-    return kept
-
-
-@dataclass(frozen=True, eq=False)
-class _LayerActivations:
-    """Activation bytes of one micro-batch on one rank."""
-
-    stored: np.ndarray  # what each layer keeps until its backward, by recomputation mode
-    working: np.ndarray  # what a recomputing backward holds beside them: the one layer's
-    head_inputs: np.ndarray  # the final norm's and the LM head's inputs
-
-
-def _layer_activations(cfg: _Config) -> _LayerActivations:
-    modes, tokens = cfg.layouts.modes, cfg.tokens
-    saved = _saved_per_token(cfg)
-    one_at_a_time = _one_layer_at_a_time(modes, cfg.prof)
-    stored = np.where(modes["full"], _layer_input_per_token(cfg),
-                      np.where(one_at_a_time, _kept_per_token(cfg), saved))
-    working = (np.where(one_at_a_time, saved * tokens, 0.0)
-               + np.where(modes["none"], 0.0, _attention_scores_per_token(cfg) * tokens))
-    head_inputs = ((cfg.residual_bytes + cfg.activation_bytes) * float(cfg.model.hidden_size)
-                   / cfg.sequence_shards * tokens)
-    return _LayerActivations(stored * tokens, working, head_inputs)
-
-
-# Micro-batches in flight: 1F1B holds pp on the first stage (capped by grad_acc) and 1 on the
-# last; GPipe holds all; interleaved 1F1B follows Megatron: pp * (1 + (pp-1)/(pp*vpp)) on the
-# first.
-
-def _first_stage_in_flight(lay: _Layouts) -> np.ndarray:
-    interleaved = lay.modes["interleaved_1f1b"] & (lay.vpp > 1)
-    ga, pp, vpp = lay.grad_acc, lay.pp, lay.vpp
-    in_flight = np.where(lay.modes["gpipe"], ga, np.where(
-        interleaved, np.minimum(ga, pp + (pp - 1) / vpp), np.minimum(ga, pp)))
-    return np.where(lay.single_stage, 1.0, in_flight)
-
-
-def _last_stage_in_flight(lay: _Layouts) -> np.ndarray:
-    interleaved = lay.modes["interleaved_1f1b"] & (lay.vpp > 1)
-    ga, pp, vpp = lay.grad_acc, lay.pp, lay.vpp
-    in_flight = np.where(lay.modes["gpipe"], ga, np.where(
-        interleaved, np.minimum(ga, ((vpp - 1) * pp + 1) / vpp), 1.0))
-    return np.maximum(in_flight, 1.0)
-
-
-def _logits(cfg: _Config) -> np.ndarray:
-    """The logits and the loss's tensors over them, at the backward's peak: under a chunked loss
-    one chunk's (`MemoryProfile.loss_chunks`), beside what that loss holds for its whole loop."""
-    prof = cfg.prof
-    logits = (cfg.tokens / prof.loss_chunks * cfg.model.vocab_size / cfg.layouts.tp
-              * prof.logits_bytes_per_element)
-    return logits + _chunked_loss_held(cfg) if prof.loss_chunks > 1 else logits
-
-
-def _chunked_loss_held(cfg: _Config) -> np.ndarray:
-    """What a chunked loss holds over its loop of chunks: buffers of the whole hidden states
-    (replicated over TP, so not sharded by SP), and under FSDP whose reduction is not deferred
-    anyway, the LM head's whole gradient."""
-    prof, lay = cfg.prof, cfg.layouts
-    hidden = prof.loss_hidden_bytes_per_element * cfg.tokens * float(cfg.model.hidden_size)
-    syncs_off = (lay.zero_stage >= 2) & ~fsdp_reduction_deferred(prof, lay.zero_stage, lay.pp,
-                                                                  lay.grad_acc)
-    return hidden + np.where(syncs_off, prof.loss_head_grad_bytes * _vocabulary_matrix(cfg), 0.0)
-
-
-def _logits_at_forward_end(cfg: _Config) -> np.ndarray:
-    """What the loss holds at the end of a single stage's forward (beside every weight cast:
-    `_autocast_casts`)."""
-    lay = cfg.layouts
-    return np.where(lay.single_stage, cfg.tokens * float(cfg.model.vocab_size) / lay.tp
-                    * cfg.prof.logits_forward_bytes_per_element, 0.0)
-
-
-@dataclass(frozen=True, eq=False)
-class _StageActivations:
-    """What one rank of a pipeline stage holds for its micro-batches in flight."""
-
-    activations: np.ndarray
-    logits: np.ndarray
-    in_flight: np.ndarray  # micro-batches
-
-
-def _first_stage_activations(cfg: _Config, layers: np.ndarray, layer: _LayerActivations
-                             ) -> _StageActivations:
-    """The first stage's layers for its micro-batches in flight; with one stage, the head's
-    inputs and the logits too."""
-    single = cfg.layouts.single_stage
-    in_flight = _first_stage_in_flight(cfg.layouts)
-    activations = (layer.stored * layers * in_flight + layer.working
-                   + np.where(single, layer.head_inputs, 0.0))
-    return _StageActivations(activations, np.where(single, _logits(cfg), 0.0), in_flight)
-
-
-def _last_stage_activations(cfg: _Config, layers: np.ndarray, layer: _LayerActivations
-                            ) -> _StageActivations:
-    in_flight = _last_stage_in_flight(cfg.layouts)
-    activations = layer.stored * layers * in_flight + layer.working + layer.head_inputs
-    return _StageActivations(activations, _logits(cfg), in_flight)
-
-
 # ---------------------------------------------------------------- buffers, allocator, runtime
 
-def _fixed_buffers(cfg: _Config) -> np.ndarray:
+def _fixed_buffers(cfg: MemoryConfig) -> np.ndarray:
     """Workspaces, and the sequence-parallel gather buffers where TP is on."""
     prof, lay = cfg.prof, cfg.layouts
     return prof.workspace_bytes + np.where(lay.tp > 1, prof.tp_buffer_bytes_per_token_h
                                            * cfg.tokens * float(cfg.model.hidden_size), 0.0)
 
 
-def _fsdp_gathered(cfg: _Config, params: _StageParameters, acts: _StageActivations,
+def _fsdp_gathered(cfg: MemoryConfig, params: _StageParameters, acts: StageActivations,
                    layer_params: np.ndarray) -> float | np.ndarray:
     """FSDP's gathered compute copies: ZeRO-2 keeps every layer's from forward to backward,
     ZeRO-3 a few layers at a time; under a schedule ZeRO-3's backward leaves every layer
@@ -692,8 +335,8 @@ def _fsdp_gathered(cfg: _Config, params: _StageParameters, acts: _StageActivatio
         lay.zero_stage >= 3, np.where(under_pipeline, after_backward, a_few), 0.0))
 
 
-def _autocast_casts(cfg: _Config, params: _StageParameters, acts: _StageActivations,
-                    layer: _LayerActivations, layer_params: np.ndarray) -> np.ndarray:
+def _autocast_casts(cfg: MemoryConfig, params: _StageParameters, acts: StageActivations,
+                    layer: LayerActivations, layer_params: np.ndarray) -> np.ndarray:
     """Autocast's weight casts: its cache holds every one until its region exits, at the end of
     the forward and loss (the built-in pipeline's region spans its schedule, backward too). A
     layer that is not recomputed saves its casts for backward anyway; a recomputed one casts
@@ -704,15 +347,15 @@ def _autocast_casts(cfg: _Config, params: _StageParameters, acts: _StageActivati
     act, logits = acts.activations, acts.logits
     cast_bytes = 0.0 if cfg.full_precision else cfg.prof.autocast_weight_bytes
     casts_all = cast_bytes * (params.dense + params.expert)
-    released = _one_layer_at_a_time(cfg.layouts.modes, cfg.prof) & cfg.layouts.single_stage
+    released = one_layer_at_a_time(cfg.layouts.modes, cfg.prof) & cfg.layouts.single_stage
     casts = np.where(released, cast_bytes * (layer_params + params.head), casts_all)
-    loss_forward = _logits_at_forward_end(cfg)
+    loss_forward = logits_at_forward_end(cfg)
     forward_end = np.where(released & (loss_forward > 0),
                            act - layer.working + loss_forward + casts_all, 0.0)
     return casts + np.maximum(forward_end - (act + logits + casts), 0.0)
 
 
-def _fragmentation(cfg: _Config, acts: _StageActivations) -> np.ndarray:
+def _fragmentation(cfg: MemoryConfig, acts: StageActivations) -> np.ndarray:
     """What the caching allocator holds beyond live tensors (the module docstring says why)."""
     prof = cfg.prof
     return (prof.fragmentation_sequential * acts.activations / acts.in_flight
@@ -720,7 +363,7 @@ def _fragmentation(cfg: _Config, acts: _StageActivations) -> np.ndarray:
             + prof.fragmentation_logits * acts.logits + prof.reserved_floor_bytes)
 
 
-def _runtime_overhead(cfg: _Config) -> np.ndarray:
+def _runtime_overhead(cfg: MemoryConfig) -> np.ndarray:
     """Outside the allocator: the CUDA context, and NCCL's buffers per communicator in use."""
     lay = cfg.layouts
     groups = sum(((x > 1).astype(np.float64) for x in (lay.dp * lay.ep, lay.tp, lay.pp, lay.cp,
@@ -743,8 +386,8 @@ class _StageMemory:
         return sum(self.components.values(), np.zeros_like(self.step_allocated))
 
 
-def _stage_memory(cfg: _Config, params: _StageParameters, acts: _StageActivations,
-                  layer: _LayerActivations, layer_params: np.ndarray) -> _StageMemory:
+def _stage_memory(cfg: MemoryConfig, params: _StageParameters, acts: StageActivations,
+                  layer: LayerActivations, layer_params: np.ndarray) -> _StageMemory:
     state = _model_state(cfg, params)
     act, logits = acts.activations, acts.logits
     casts = _autocast_casts(cfg, params, acts, layer, layer_params)
@@ -761,16 +404,16 @@ def _stage_memory(cfg: _Config, params: _StageParameters, acts: _StageActivation
                         np.rint(step).astype(np.int64))
 
 
-def _stage_memories(cfg: _Config, pp: np.ndarray) -> tuple[_StageMemory, _StageMemory]:
+def _stage_memories(cfg: MemoryConfig, pp: np.ndarray) -> tuple[_StageMemory, _StageMemory]:
     """One rank of the first and one of the last pipeline stage."""
-    layers_first, layers_last = _first_last_layers(cfg.model, pp, cfg.prof)
+    layers_first, layers_last = first_last_stage_layers(cfg.model, pp, cfg.prof)
     layer_params = _layer_parameters(cfg.model)
     per_rank = _layer_parameters_per_rank(cfg, layer_params)
-    layer = _layer_activations(cfg)
+    layer = layer_activations(cfg)
     first = _stage_memory(cfg, _first_stage_parameters(cfg, layers_first, layer_params),
-                          _first_stage_activations(cfg, layers_first, layer), layer, per_rank)
+                          first_stage_activations(cfg, layers_first, layer), layer, per_rank)
     last = _stage_memory(cfg, _last_stage_parameters(cfg, layers_last, layer_params),
-                         _last_stage_activations(cfg, layers_last, layer), layer, per_rank)
+                         last_stage_activations(cfg, layers_last, layer), layer, per_rank)
     return first, last
 
 

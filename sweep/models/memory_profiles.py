@@ -95,7 +95,8 @@ class MemoryProfile:
     fsdp_accumulated_grad_bytes: float = 4.0  # bytes per parameter of that unsharded gradient
     autocast_weight_bytes: float = 0.0  # torch.autocast's bf16 weight casts, saved for backward
     # --- pipeline ---
-    stage_split: str = "even"  # how layers go to pipeline stages: sweep.models.memory.split_stages
+    # how layers go to pipeline stages: sweep.models.pipeline_stages.split_stages
+    stage_split: str = "even"
     # --- activations and logits ---
     flash_attention: bool = True  # no s^2 attention-score tensors
     residual_bytes: float = 2.0  # bytes per element of the residual stream the two norms save

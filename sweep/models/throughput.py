@@ -7,10 +7,10 @@ the layout, the model shape and the catalog's link bandwidths, times one coeffic
 
 - ``compute``      ((m − 1) · W_max + Σ_s W_s) / peak. W_s is the FLOPs of stage s for one
                    micro-batch on one GPU, over the framework's own split (nanotron's cost-balanced
-                   split from sweep.models.memory, LM head on the last stage; recomputation adds forward
-                   FLOPs). θ = 1 / GEMM efficiency. m = grad_acc: the busiest stage paces the m
-                   micro-batches and filling/draining the 1F1B pipeline costs the other stages'
-                   work once ((m + pp − 1) · W_max would overcharge unbalanced splits).
+                   split from sweep.models.pipeline_stages, LM head on the last stage; recomputation
+                   adds forward FLOPs). θ = 1 / GEMM efficiency. m = grad_acc: the busiest stage
+                   paces the m micro-batches and filling/draining the 1F1B pipeline costs the other
+                   stages' work once ((m + pp − 1) · W_max would overcharge unbalanced splits).
 - ``layer_passes`` the same in layers, (m − 1) · layers_max + L: a fixed cost per layer and
                    micro-batch (kernel launches, non-GEMM work). It makes the efficiency rise with
                    the micro-batch and fall with the TP shard. θ = seconds per layer pass. The
@@ -103,6 +103,7 @@ from sweep.models.flops import (
     flops_per_token,
     layer_flops_per_token,
 )
+from sweep.models.pipeline_stages import split_stages
 from sweep.models.traffic import DTYPE_BYTES, FUSED, Traffic
 
 FEATURES: Final = ("compute", "layer_passes", "layer_comm", "layer_comm_inter", "dp_comm",
@@ -178,8 +179,8 @@ class Workload:
     # A device without a catalogue peak (CPU runs) uses a nominal one; the fitted `compute`
     # coefficient absorbs the scale, and MFU is not predicted.
     nominal_peak: float = 1e11
-    # How the framework splits layers over pipeline stages (`sweep.models.memory.split_stages`: "cost",
-    # nanotron's balanced split; "even"; "embedding_blocks"; "megatron"), the profile's.
+    # How the framework splits layers over pipeline stages (`sweep.models.pipeline_stages.split_stages`:
+    # "cost", nanotron's balanced split; "even"; "embedding_blocks"; "megatron"), the profile's.
     stage_split: str = "cost"
     # The memory-bound bytes of the framework's kernels (sweep.models.traffic): fused, or the built-in's.
     traffic: Traffic = FUSED
@@ -323,9 +324,7 @@ class _Rows:
 # ---------------------------------------------------------------- the pipeline stage that paces a step
 
 def _stage_counts(shape: ModelShape, pp: int, split: str) -> np.ndarray:
-    """Decoder layers on each pipeline stage, as the framework splits them (`sweep.models.memory`)."""
-    from sweep.models.memory import split_stages
-
+    """Decoder layers on each pipeline stage, as the framework splits them."""
     return np.asarray([layers for layers, _ in split_stages(shape, pp, split)], dtype=float)
 
 

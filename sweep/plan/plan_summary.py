@@ -21,6 +21,7 @@ from sweep.core.errors import UserError
 from sweep.core.units import GiB
 from sweep.models import memory
 from sweep.models.memory import reserved_interval
+from sweep.models.memory_config import fsdp_reduction_deferred
 from sweep.models.memory_profiles import Allocator, allocator_settings
 from sweep.plan import space
 from sweep.plan.plan_file import PLAN_FILE
@@ -269,7 +270,7 @@ def explain(spec: Spec, frame: pd.DataFrame, run_id: str) -> str:
              + f", seq {spec.seq_len}, {spec.dtype}", "",
              estimate.explain()]
     profile = spec.memory_profile
-    if memory.fsdp_reduction_deferred(profile, layout.zero_stage, layout.pp, layout.grad_acc):
+    if fsdp_reduction_deferred(profile, layout.zero_stage, layout.pp, layout.grad_acc):
         shards = layout.dp * layout.ep * (layout.cp if profile.zero_shards_over_cp else 1)
         by = ("the pipeline schedule (torch.distributed.pipelining)" if layout.pp > 1
               else "the gradient accumulation")

@@ -20,8 +20,8 @@ What the table leaves unsaid is read from the chronicle's text beside each table
 - ZeRO: the column, else stage 1. From 02-28 the runs use Megatron-DeepSpeed's BF16 optimizer
   ("accumulate gradients in fp32 ... additional memory usage is 4 bytes x params and it's not
   sharded") and the pipeline partition method 'type:transformer|embedding' (the embeddings count
-  as a layer each: `sweep.models.memory.split_stages` "embedding_blocks"); before, DeepSpeed's
-  'type:transformer' (the layers alone, "even");
+  as a layer each: `sweep.models.pipeline_stages.split_stages` "embedding_blocks"); before,
+  DeepSpeed's 'type:transformer' (the layers alone, "even");
 - the measured peak: `nvidia-smi`'s MiB read as GB, 1000 MiB to the GB (the 18B run showed "80GB",
   more than an A100 80 GB can show in GiB), compared with the predicted total of the most loaded
   stage (reserved peak, CUDA context and NCCL buffers); the peak was read on the first node (the

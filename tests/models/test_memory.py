@@ -22,10 +22,9 @@ from sweep.models.memory import (
     MemoryEstimate,
     estimate,
     estimate_columns,
-    stage_block_counts,
-    stage_layer_counts,
 )
 from sweep.models.memory_profiles import TORCHTITAN, MemoryProfile
+from sweep.models.pipeline_stages import stage_block_counts, stage_layer_counts
 from sweep.validation.memory_reference import gpt_shape
 
 ONE_B = get_model("playbook-1b")

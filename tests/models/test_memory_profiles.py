@@ -21,7 +21,7 @@ import pytest
 from sweep.core.catalog import get_model
 from sweep.core.layout import Layout
 from sweep.core.model import count_parameters
-from sweep.models.memory import MemoryEstimate, estimate, stage_layer_counts
+from sweep.models.memory import MemoryEstimate, estimate
 from sweep.models.memory_profiles import (
     PROFILES,
     TORCHTITAN,
@@ -33,6 +33,7 @@ from sweep.models.memory_profiles import (
     profile_for,
     profile_with,
 )
+from sweep.models.pipeline_stages import stage_layer_counts
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_8B = get_model("llama-3.1-8b")

@@ -18,8 +18,9 @@ from sweep.core.catalog import get_gpu, get_model
 from sweep.core.layout import Layout
 from sweep.core.model import ModelShape
 from sweep.core.units import GiB, MiB
-from sweep.models.memory import estimate, estimate_columns, reserved_interval, stage_block_counts
+from sweep.models.memory import estimate, estimate_columns, reserved_interval
 from sweep.models.memory_profiles import LLMFOUNDRY
+from sweep.models.pipeline_stages import stage_block_counts
 from sweep.validation.memory_reference import gpt_shape
 
 ONE_B = get_model("playbook-1b")

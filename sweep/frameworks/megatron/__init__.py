@@ -6,7 +6,7 @@ from sweep.core.model import ModelShape
 from sweep.frameworks.base import FrameworkAdapter, SupportedVersion
 from sweep.frameworks.megatron import capabilities
 from sweep.frameworks.megatron.parser import MegatronParser
-from sweep.models.memory import megatron_extra_layers
+from sweep.models.pipeline_stages import megatron_extra_layers
 
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:

@@ -22,7 +22,7 @@ from sweep.frameworks.base import FrameworkAdapter, Requirement, SupportedVersio
 from sweep.frameworks.nanotron import capabilities
 from sweep.frameworks.nanotron.config_schema import MAIN, MAIN_COMMIT, PLAYBOOK, PLAYBOOK_COMMIT
 from sweep.frameworks.nanotron.parser import NanotronParser
-from sweep.models.memory import stage_block_counts
+from sweep.models.pipeline_stages import stage_block_counts
 
 
 def pipeline_fits(model: ModelShape, stages: int) -> bool:
@@ -30,8 +30,8 @@ def pipeline_fits(model: ModelShape, stages: int) -> bool:
     the fp32 cast and the loss as L + 5 pipeline blocks, greedily by compute cost
     (src/nanotron/trainer.py, `_init_model`: each block goes to the current rank, which moves on
     once `cumulative_cost > thresholds[target_pp_rank_idx]`), so a rank may get no block at all.
-    sweep.models.memory.stage_block_counts replays that assignment (one definition, shared with the
-    memory model's per-stage layer count).
+    sweep.models.pipeline_stages.stage_block_counts replays that assignment (one definition, shared
+    with the memory model's per-stage layer count).
 
     Nothing in that loop stops a rank without a block, so this rule is evidence, not a proof: of
     the playbook's 124 runs with an empty stage (1B at pp >= 16, 8B at pp >= 64;
@@ -68,7 +68,7 @@ ADAPTER = FrameworkAdapter(
     grad_reduce_bytes=4,  # accumulates and reduces gradients in fp32
     notes=(
         "nanotron counts the embedding and the LM head as pipeline blocks "
-        "(sweep.models.memory.stage_block_counts replays its assignment)",
+        "(sweep.models.pipeline_stages.stage_block_counts replays its assignment)",
         "only one rank logs the step line (dp 0, tp 0, the last pipeline stage); ' Memory usage' "
         "lines come from rank 0, '[After model building]' lines from every (tp, pp) rank",
         "MoE (main): a Qwen2Config with moe_config; every TP rank holds its experts whole "

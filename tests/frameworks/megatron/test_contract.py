@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 
 from sweep.frameworks.megatron import ADAPTER
-from sweep.models.memory import stage_layer_counts
+from sweep.models.pipeline_stages import stage_layer_counts
 from sweep.plan import space
 
 pytestmark = pytest.mark.contract
@@ -165,9 +165,9 @@ def test_megatron_runs_what_the_label_says(contract: dict[str, Any], version: st
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_memory_model_puts_on_each_stage_the_layers_megatron_builds_there(
         contract: dict[str, Any], version: str) -> None:
-    """sweep.models.memory's "megatron" split against get_num_layers_to_build on every pipeline rank,
-    summed over its virtual stages (the loss, then the embedding, counted as a layer where the
-    rendered flags say so)."""
+    """sweep.models.pipeline_stages's "megatron" split against get_num_layers_to_build on every
+    pipeline rank, summed over its virtual stages (the loss, then the embedding, counted as a layer
+    where the rendered flags say so)."""
     verdicts = contract["verdicts"][version]
     checked = accounted = interleaved = 0
     for config, _ in contract["runs"]:

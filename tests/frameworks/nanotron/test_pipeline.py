@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sweep.frameworks.nanotron import pipeline_fits
-from sweep.models.memory import stage_block_counts
+from sweep.models.pipeline_stages import stage_block_counts
 from sweep.plan.spec import load_spec
 from sweep.validation import memory_check
 

@@ -23,7 +23,7 @@ import pytest
 
 from sweep.core.catalog import get_model
 from sweep.frameworks.torchtitan.flavors import LLAMA3_FLAVORS
-from sweep.models.memory import stage_layer_counts
+from sweep.models.pipeline_stages import stage_layer_counts
 from sweep.plan import render, space
 from sweep.plan.spec import parse_spec
 
@@ -157,9 +157,9 @@ def test_our_flavor_table_is_torchtitans(release: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("release", sorted(VERSIONS))
 def test_the_memory_model_puts_on_each_stage_the_layers_torchtitan_puts_there(
         release: str, tmp_path: Path) -> None:
-    """sweep.models.memory's "embedding_blocks" split against torchtitan's generate_llm_fqn_per_model_part
-    with its default first/last-stage weights, for every stage count a 16- and a 32-layer model
-    can take (up to L + 2) and some others."""
+    """sweep.models.pipeline_stages's "embedding_blocks" split against torchtitan's
+    generate_llm_fqn_per_model_part with its default first/last-stage weights, for every stage
+    count a 16- and a 32-layer model can take (up to L + 2) and some others."""
     target = REPO / ".contract" / f"torchtitan-{release}"
     if not (target / ".installed").is_file():
         pytest.skip(f"{target} missing: run scripts/contract/torchtitan.sh")
