@@ -106,7 +106,6 @@ class FrameworkAdapter:
     name: str
     description: str
     parser: Callable[[], LogParser]
-    flops_convention: str  # the convention of the MFU/TFLOP/s the framework itself logs
     versions: tuple[SupportedVersion, ...]
     default_version: str
     capabilities: tuple[CapabilityRule, ...] = ()

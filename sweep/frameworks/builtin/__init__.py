@@ -19,7 +19,6 @@ ADAPTER = FrameworkAdapter(
     description="llm-sweep's own PyTorch workload: FSDP2, DTensor TP/SP, "
                 "torch.distributed.pipelining; metrics.jsonl per step",
     parser=BuiltinParser,
-    flops_convention="full_attention",
     versions=(SupportedVersion("bundled", "the sweep.workload of this llm-sweep installation"),),
     default_version="bundled",
     capabilities=capabilities.RULES,

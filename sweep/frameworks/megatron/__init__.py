@@ -20,7 +20,6 @@ ADAPTER = FrameworkAdapter(
     name="megatron",
     description="Megatron-LM's pretrain_gpt.py with mock data, launched by torchrun",
     parser=MegatronParser,
-    flops_convention="megatron",
     versions=(SupportedVersion(
         "core_r0.17+",
         "megatron-core 0.17 and later (a Megatron-LM checkout of tag core_v0.17.0 or newer, "

@@ -51,7 +51,6 @@ ADAPTER = FrameworkAdapter(
     name="nanotron",
     description="nanotron's run_train.py with a rendered YAML config, launched by torchrun",
     parser=NanotronParser,
-    flops_convention="full_attention",
     versions=(
         SupportedVersion(MAIN, "nanotron main from 2025-03-26 (8279c784) on",
                          tested_with=(MAIN_COMMIT,), requires=(GROUPED_GEMM,)),

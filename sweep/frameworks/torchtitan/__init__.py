@@ -32,7 +32,6 @@ ADAPTER = FrameworkAdapter(
     name="torchtitan",
     description="torchtitan's trainer (python -m torchtitan.train), launched by torchrun",
     parser=TorchtitanParser,
-    flops_convention="full_attention",
     versions=(
         SupportedVersion(V03, "torchtitan 0.3.0 (PyPI, 2026-09-03; Python config registries, "
                               "--module/--config)",
