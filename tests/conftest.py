@@ -80,6 +80,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _REFDATA_SKIPS.append(report.nodeid)
 
 
+def machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, wall) of the whole machine: CPU-seconds spent by anything (user, nice, system,
+    interrupts; not idle, I/O wait or a hypervisor's steal) since boot, and seconds since boot,
+    from /proc/stat and /proc/uptime. None where Linux's /proc is not there."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(f) for f in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK"), uptime
+
+
+_CPU_AT_START: list[tuple[float, float]] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    reading = machine_cpu_s()
+    if reading is not None:
+        _CPU_AT_START.append(reading)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """With the data present, a test that skips for want of it is a failure: CI must run them all."""
     if REFDATA.is_dir() and _REFDATA_SKIPS:
@@ -88,6 +110,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int,
                             config: pytest.Config) -> None:
+    """The reference-data verdict, and how busy the machine's cores were during the run: on a
+    small machine the suite's time is its CPU work over the cores, which no scheduling of the
+    tests (pytest-xdist included) can shrink."""
+    now = machine_cpu_s()
+    if _CPU_AT_START and now is not None and not hasattr(config, "workerinput"):
+        busy, wall = now[0] - _CPU_AT_START[0][0], now[1] - _CPU_AT_START[0][1]
+        cores = os.cpu_count() or 1
+        if wall > 0:
+            terminalreporter.write_line(
+                f"machine CPU during the run: {busy:.0f} CPU-seconds busy on {cores} core(s) in "
+                f"{wall:.0f} s ({busy / (cores * wall):.0%} of all cores, anything on the machine "
+                f"included); the work alone needs {busy / cores:.0f} s on these cores")
     skipped = _REFDATA_SKIPS
     if REFDATA.is_dir() and skipped:
         terminalreporter.write_line(
