@@ -6,7 +6,8 @@ heatmap then shows a wrong best configuration with no failure to catch. Before t
 per pair of nodes, all at once: an all-reduce of growing sizes (sweep.backends.slurm.fabric_probe:
 NCCL on GPUs, gloo on CPU), measured as nccl-tests measures it (busbw). A node whose own figure,
 or every pair it is in, falls below a stated fraction of the median is excluded from the
-sweep's later submissions through bad_nodes.json, with the figure as the reason; `sweep nodes
+sweep's later submissions through bad_nodes.json, with the figure as the reason, once a second
+measurement of its probes confirms it (the better of the two figures counts); `sweep nodes
 DIR --forgive NODE` brings it back. Which probes, in which rounds, and which nodes the figures
 exclude is the pure half, sweep.backends.slurm.fabric_decision.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -28,6 +29,8 @@ from sweep.backends.slurm.fabric_decision import (
     DEFAULT_FRACTION,
     FabricDecision,
     Probe,
+    confirmation_probes,
+    confirmed,
     decide,
     gbps,
     probe_arguments,
@@ -191,9 +194,37 @@ def decision_of(measured: Sequence[Measured], fraction: float) -> FabricDecision
     return decide(node_bw, pair_bw, fraction)
 
 
+def better_of(first: Sequence[Measured], again: Sequence[Measured]) -> list[Measured]:
+    """Each probe of `first` as the better of its two measurements by busbw (a probe measured
+    once, or whose second try gave no figure, keeps its first). Interference only ever makes a
+    link look slower, so the better figure is the truer one."""
+    by_name = {m.probe.name: m for m in again}
+    chosen = []
+    for measured in first:
+        other = by_name.get(measured.probe.name)
+        if other is not None and other.busbw_gbps is not None and (
+                measured.busbw_gbps is None or other.busbw_gbps > measured.busbw_gbps):
+            measured = replace(other, probe=measured.probe)
+        chosen.append(measured)
+    return chosen
+
+
+def _probe_record(m: Measured) -> dict[str, Any]:
+    return {"kind": m.probe.kind, "nodes": list(m.probe.nodes),
+            "ranks": m.probe.ranks_per_node * len(m.probe.nodes), "round": m.probe.round,
+            "job_id": m.job_id,
+            "busbw_gbps": m.busbw_gbps, "error": m.error,
+            "sizes": (m.result or {}).get("sizes"),
+            "stopped_early": (m.result or {}).get("stopped_early"),
+            "ready_s": (m.result or {}).get("ready_s"),
+            "seconds": (m.result or {}).get("seconds")}
+
+
 def fabric_record(decision: FabricDecision, measured: Sequence[Measured], seconds: float,
-                  backend: str, sizes: ProbeSizes) -> dict[str, Any]:
-    """fabric.json: every figure, the fraction, the medians and what was excluded."""
+                  backend: str, sizes: ProbeSizes, again: Sequence[Measured] = ()
+                  ) -> dict[str, Any]:
+    """fabric.json: every figure (the better of two for a probe measured again, whose second
+    measurement `again` also lists), the fraction, the medians and what was excluded."""
     return {
         "time": time.time(), "seconds": round(seconds, 3), "backend": backend,
         "sizes": {"min_bytes": sizes.min_bytes, "max_bytes": sizes.max_bytes},
@@ -203,14 +234,8 @@ def fabric_record(decision: FabricDecision, measured: Sequence[Measured], second
         "nodes": [{"node": v.node, "busbw_gbps": v.busbw_gbps, "pairs": dict(v.pairs),
                    "excluded": v.slow, "reason": v.reason if v.slow else None}
                   for v in decision.verdicts],
-        "probes": [{"kind": m.probe.kind, "nodes": list(m.probe.nodes),
-                    "ranks": m.probe.ranks_per_node * len(m.probe.nodes), "round": m.probe.round,
-                    "job_id": m.job_id,
-                    "busbw_gbps": m.busbw_gbps, "error": m.error,
-                    "sizes": (m.result or {}).get("sizes"),
-                    "stopped_early": (m.result or {}).get("stopped_early"),
-                    "ready_s": (m.result or {}).get("ready_s"),
-                    "seconds": (m.result or {}).get("seconds")} for m in measured],
+        "probes": [_probe_record(m) for m in measured],
+        "again": [_probe_record(m) for m in again],
     }
 
 
@@ -296,30 +321,47 @@ def run_check(tracker: Tracker, *, nodes: Sequence[str] | None = None,
         raise UserError("fabric check: no probe gave a figure:\n"
                         + "\n".join(f"  - {m.probe.name}: {m.error}" for m in measured))
     decision = decision_of(measured, fraction)
+    suspects, again = decision.excluded, []
+    if suspects:
+        say(f"fabric check: {', '.join(suspects)} below {fraction:g} x the median; measuring "
+            f"again before excluding ...")
+        try:
+            again = run_probes(tracker.slurm, target, confirmation_probes(suspects, probes),
+                               unique(folder.with_name(f"{folder.name}-again")),
+                               f"sweep-fabric={tracker.sweep_name()}", timeout_s)
+        except SlurmError as error:
+            raise UserError(f"fabric check: {error}") from None
+        measured = better_of(measured, again)
+        decision = confirmed(decision_of(measured, fraction), suspects)
     seconds = time.monotonic() - started
     atomic_write_json(tracker.dir / FABRIC_FILE,
-                      fabric_record(decision, measured, seconds, backend, sizes))
+                      fabric_record(decision, measured, seconds, backend, sizes, again))
     before = set(tracker.excluded())
     slow = {v.node: v.reason for v in decision.verdicts if v.slow}
     if slow:
         tracker.change_exclusions(exclude=sorted(slow), reasons=slow)
-    for line in summary_lines(decision, measured):
+    for line in summary_lines(decision, measured, suspects):
         say(line)
     return FabricReport(decision, tuple(measured), seconds,
                         tuple(sorted(set(slow) - before)))
 
 
-def summary_lines(decision: FabricDecision, measured: Sequence[Measured]) -> list[str]:
-    """What the check tells the user: the medians, each excluded node with its reason, the
-    slow pairs not pinned on a node, and the probes without a figure."""
+def summary_lines(decision: FabricDecision, measured: Sequence[Measured],
+                  suspects: Sequence[str] = ()) -> list[str]:
+    """What the check tells the user: the medians, each excluded node with its reason, each
+    suspect that its second measurement cleared, the slow pairs not pinned on a node, and the
+    probes without a figure."""
     medians = ", ".join(f"{what} {gbps(value)}" for what, value in
                         (("node median", decision.node_median_gbps),
                          ("pair median", decision.pair_median_gbps)) if value is not None)
     lines = [f"fabric check: busbw {medians}; a node below {decision.fraction:g} x the median "
              f"is excluded"]
-    lines += [f"fabric check: excluding {v.node}: {'; '.join(v.reasons)}"
+    lines += [f"fabric check: excluding {v.node} (measured twice): {'; '.join(v.reasons)}"
+              if v.node in suspects else f"fabric check: excluding {v.node}: {'; '.join(v.reasons)}"
               for v in decision.verdicts if v.slow]
     excluded = set(decision.excluded)
+    lines += [f"fabric check: {node} measured again is within the line: not excluded"
+              for node in suspects if node not in excluded]
     lines += [f"fabric check: slow pair {'-'.join(pair)} (not pinned on a node: a slow link "
               "between them?)" for pair in decision.slow_pairs if not set(pair) & excluded]
     lines += [f"fabric check: no figure from {m.probe.name}: {m.error}"

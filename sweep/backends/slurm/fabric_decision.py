@@ -10,14 +10,18 @@ round, so that no two probes share a node's links (or, on CPU, its cores) while 
 
 A node is excluded when its own busbw is below a stated fraction (`DEFAULT_FRACTION`) of the
 nodes' median, or when every pair it is in is below that fraction of the pairs' median and the
-slowness follows it (`pinned_on`).
+slowness follows it (`pinned_on`). A node below the line is measured once more before it is
+excluded (`confirmation_probes`), and each of its probes counts with the better of its two
+figures (`sweep.backends.slurm.fabric_check.better_of`): interference from another job or a passing burst of traffic only ever makes
+a link look slower, never faster, so a node whose second figure is fine was unlucky, not slow,
+and stays.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 DEFAULT_FRACTION: Final = 0.7  # of the median busbw: below it, a node is excluded
@@ -174,3 +178,24 @@ def decide(node_bw: Mapping[str, float | None], pair_bw: Mapping[tuple[str, str]
                                     tuple(reasons)))
     return FabricDecision(fraction, node_median, pair_median, tuple(verdicts),
                           tuple(sorted(slow_pairs)))
+
+
+def confirmation_probes(suspects: Sequence[str], probes: Sequence[Probe]) -> list[Probe]:
+    """The probes of `probes` that a suspect node is in, to measure again: its node probe first
+    (round 0), then its pairs, in rounds as the first measurement had them (no node in two
+    probes of a round)."""
+    chosen = [p for p in probes if set(p.nodes) & set(suspects)]
+    singles = [Probe(p.kind, p.nodes, p.ranks_per_node, 0) for p in chosen if p.kind == "node"]
+    pairs = [p for p in chosen if p.kind == "pair"]
+    rounds = pair_rounds([(p.nodes[0], p.nodes[1]) for p in pairs])
+    first = 1 if singles else 0
+    return singles + [Probe(p.kind, p.nodes, p.ranks_per_node, first + r)
+                      for p, r in zip(pairs, rounds, strict=True)]
+
+
+def confirmed(decision: FabricDecision, suspects: Sequence[str]) -> FabricDecision:
+    """The decision on the figures after the second measurement, excluding only nodes the first
+    found slow too: a node measured once is never excluded because the suspects' better figures
+    moved the median."""
+    return replace(decision, verdicts=tuple(
+        v if v.node in suspects else replace(v, reasons=()) for v in decision.verdicts))

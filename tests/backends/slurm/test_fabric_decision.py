@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from sweep.backends.slurm.fabric_decision import decide, probe_arguments, probes_for, ring_pairs
+from sweep.backends.slurm.fabric_decision import (
+    confirmation_probes,
+    confirmed,
+    decide,
+    probe_arguments,
+    probes_for,
+    ring_pairs,
+)
 
 HEALTHY = {"n1": 10.0, "n2": 10.5, "n3": 9.8, "n4": 10.2}
 
@@ -103,3 +110,27 @@ def test_nodes_without_figures_are_not_judged_and_one_figure_compares_with_nothi
 def test_a_fraction_outside_zero_to_one_is_refused(fraction: float) -> None:
     with pytest.raises(ValueError, match="between 0 and 1"):
         decide(HEALTHY, {}, fraction)
+
+
+def test_a_suspect_is_measured_again_by_its_own_probes_only_and_in_rounds() -> None:
+    probes = probes_for(["n1", "n2", "n3", "n4"], gpus_per_node=None)
+    again = confirmation_probes(["n2"], probes)
+    assert [(p.kind, p.nodes) for p in again] == [
+        ("node", ("n2",)), ("pair", ("n1", "n2")), ("pair", ("n2", "n3"))]
+    for number in {p.round for p in again}:  # still no node in two probes of a round
+        members = [n for p in again if p.round == number for n in p.nodes]
+        assert len(members) == len(set(members)), number
+    assert [p.round for p in again] == [0, 1, 2]
+    assert confirmation_probes([], probes) == []
+
+
+def test_after_the_second_measurement_only_a_suspect_of_the_first_can_be_excluded() -> None:
+    """The suspects' better figures can raise the median; a node measured once is not excluded
+    for that."""
+    first = decide({**HEALTHY, "n2": 3.0}, {}, fraction=0.98)  # median 9.9: n3's 9.8 passes
+    assert first.excluded == ["n2"]
+    second = decide({**HEALTHY, "n2": 20.0}, {}, fraction=0.98)  # median 10.1: n3 falls below
+    assert second.excluded == ["n3"]
+    assert confirmed(second, first.excluded).excluded == []
+    still_slow = decide({**HEALTHY, "n2": 3.5}, {}, fraction=0.98)
+    assert confirmed(still_slow, first.excluded).excluded == ["n2"]
