@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sweep.models.throughput import Coefficients, Workload, predict, world_size
+from sweep.models.throughput import Coefficients, predict, world_size
+from sweep.models.throughput_inputs import Workload
 from sweep.plan.predictions import default_prior
 from sweep.plan.spec import load_spec
 from sweep.validation.cross_validation import completed_rows_for_spec, left_out_priors

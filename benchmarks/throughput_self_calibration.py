@@ -31,7 +31,8 @@ import pandas as pd
 
 from sweep.calibration.throughput_fit import fit, relative_errors
 from sweep.calibration.throughput_self_calibration import self_calibrate
-from sweep.models.throughput import Coefficients, Workload
+from sweep.models.throughput import Coefficients
+from sweep.models.throughput_inputs import Workload
 from sweep.plan.spec import load_spec
 from sweep.validation.cross_validation import completed_rows_for_spec, left_out_priors
 from sweep.validation.refdata import refdata_dir

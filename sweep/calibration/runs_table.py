@@ -18,7 +18,7 @@ from sweep.calibration.throughput_fit import without_fit_exclusions
 from sweep.collect.attempts import unreadable_runs
 from sweep.core.errors import UserError
 from sweep.core.layout import CELL, LAYOUT_COLUMNS_BEYOND_PLAYBOOK, PLAYBOOK_LAYOUT_COLUMNS
-from sweep.models.throughput import MEASURED_INTER_NODE, Workload
+from sweep.models.throughput_inputs import MEASURED_INTER_NODE, Workload
 from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import Spec
 

@@ -25,7 +25,6 @@ import pandas as pd
 from sweep.models.throughput import (
     FEATURES,
     Coefficients,
-    Workload,
     features,
     predict,
     predict_step,
@@ -33,6 +32,7 @@ from sweep.models.throughput import (
 from sweep.models.throughput import (
     step_time as combine_terms,
 )
+from sweep.models.throughput_inputs import Workload
 
 MIN_ROWS = 3
 INTER_SCALING_GRID = (0.0, 0.5, 1.0, 1.5, 2.0)

@@ -42,7 +42,8 @@ import numpy as np
 import pandas as pd
 
 from sweep.calibration.throughput_fit import MIN_ROWS, fit_matrix, observed_step_time
-from sweep.models.throughput import Coefficients, Workload, features, predict_step
+from sweep.models.throughput import Coefficients, features, predict_step
+from sweep.models.throughput_inputs import Workload
 
 MAX_FOLDS: Final = 10
 FOLD_SEED: Final = 0

@@ -30,7 +30,8 @@ from sweep.calibration.runs_table import normalise_runs, read_runs_frame
 from sweep.calibration.throughput_coefficients import load_coefficients
 from sweep.commands._shared import add_top_argument, shortlist_top
 from sweep.core.errors import UserError
-from sweep.models.throughput import Coefficients, Workload
+from sweep.models.throughput import Coefficients
+from sweep.models.throughput_inputs import Workload
 from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import load_spec
 from sweep.search.search_report import score

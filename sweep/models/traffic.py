@@ -6,7 +6,7 @@ The throughput model charges these bytes at the GPU's HBM rate (`sweep.models.th
 not on the model alone:
 
 - fused kernels (nanotron, Megatron-LM, torchtitan): about 3 · act · (18h + 3F) per token and
-  layer, and nanotron's fp32 loss, 60 bytes per logit (`sweep.models.throughput` says where from);
+  layer, and nanotron's fp32 loss, 60 bytes per logit (`sweep.models.pacing_stage` says where from);
   nothing per parameter beyond the optimizer (its own term).
 - the built-in workload (`sweep.workload`) is eager PyTorch: fp32 norms in several kernels, an
   fp32 residual stream, autocast casting every weight to bf16 in each micro-batch's forward (and

@@ -15,9 +15,9 @@ from sweep.core import catalog
 from sweep.core.model import count_parameters
 from sweep.models.throughput import (
     Coefficients,
-    Workload,
     predict,
 )
+from sweep.models.throughput_inputs import Workload
 from sweep.plan import space
 from sweep.plan.spec import Spec
 

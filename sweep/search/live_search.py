@@ -23,7 +23,8 @@ from sweep.backends.base import Rounds
 from sweep.backends.slurm.sweep_folder import SEARCH_RUNS_FILE
 from sweep.collect.attempts import update_runs
 from sweep.core.state import SEARCH_PROGRESS_FILE
-from sweep.models.throughput import Coefficients, Workload
+from sweep.models.throughput import Coefficients
+from sweep.models.throughput_inputs import Workload
 from sweep.plan.space import KEPT
 from sweep.search import search_report, strategies
 from sweep.search.round_calibration import RoundCalibration

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sweep.core.layout import CELL, MEMORY_SAVINGS, PARALLEL_DEGREES, PIPELINE_SCHEDULE
-from sweep.models.throughput import Workload
+from sweep.models.throughput_inputs import Workload
 
 # A layout apart from its micro-batching (the split of the global batch) and its pipeline schedule.
 LAYOUT_KEY: Final = (*PARALLEL_DEGREES, *MEMORY_SAVINGS)

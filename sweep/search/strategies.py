@@ -52,12 +52,12 @@ import pandas as pd
 
 from sweep.models.throughput import (
     Coefficients,
-    Workload,
     features,
     predict,
     predict_step,
     tokens_per_step,
 )
+from sweep.models.throughput_inputs import Workload
 from sweep.search.oom_rules import (
     CELL,
     OomRules,

@@ -32,7 +32,8 @@ import pandas as pd
 
 from sweep.calibration.runs_table import normalise_runs
 from sweep.calibration.throughput_fit import error_summary, fit, relative_errors, without_fit_exclusions
-from sweep.models.throughput import Coefficients, Workload
+from sweep.models.throughput import Coefficients
+from sweep.models.throughput_inputs import Workload
 from sweep.plan.predictions import model_names_for, workloads_for
 from sweep.plan.spec import Spec
 from sweep.search.search_report import score

@@ -15,7 +15,8 @@ import pandas as pd
 
 from sweep.calibration.runs_table import normalise_runs
 from sweep.core.layout import CELL, LAYOUT_COLUMNS_BEYOND_PLAYBOOK, PLAYBOOK_LAYOUT_COLUMNS
-from sweep.models.throughput import Workload, tokens_per_step
+from sweep.models.throughput import tokens_per_step
+from sweep.models.throughput_inputs import Workload
 
 
 @dataclass(frozen=True)

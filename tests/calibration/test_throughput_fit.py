@@ -19,7 +19,8 @@ from sweep.calibration.throughput_fit import (
     without_fit_exclusions,
 )
 from sweep.core.catalog import get_gpu, get_model
-from sweep.models.throughput import Coefficients, Workload, features, predict, tokens_per_step
+from sweep.models.throughput import Coefficients, features, predict, tokens_per_step
+from sweep.models.throughput_inputs import Workload
 
 H100 = get_gpu("h100-sxm")
 WORK = Workload(get_model("playbook-1b"), 4096, H100)

@@ -10,7 +10,8 @@ import pytest
 
 from sweep.core.catalog import get_gpu, get_model
 from sweep.models.flops import flops_per_token
-from sweep.models.throughput import FEATURES, Coefficients, Workload, features, predict
+from sweep.models.throughput import FEATURES, Coefficients, features, predict
+from sweep.models.throughput_inputs import Workload
 
 H100 = get_gpu("h100-sxm")
 WORK_1B = Workload(get_model("playbook-1b"), 4096, H100)

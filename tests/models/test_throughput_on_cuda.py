@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from sweep.core.catalog import get_gpu, get_model
-from sweep.models.throughput import Coefficients, Workload, predict
+from sweep.models.throughput import Coefficients, predict
+from sweep.models.throughput_inputs import Workload
 from sweep.models.traffic import BUILTIN, FUSED, Traffic
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "cuda"

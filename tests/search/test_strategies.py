@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from sweep.core.catalog import get_gpu, get_model
-from sweep.models.throughput import Coefficients, Workload, predict
+from sweep.models.throughput import Coefficients, predict
+from sweep.models.throughput_inputs import Workload
 from sweep.search.oom_rules import OomRules, memory_components
 from sweep.search.search_report import score
 from sweep.search.strategies import Params, Replanned, search

@@ -9,7 +9,8 @@ import pytest
 
 from sweep.calibration.throughput_fit import relative_errors, sick_node_runs
 from sweep.core.catalog import get_gpu, get_model
-from sweep.models.throughput import Coefficients, Workload
+from sweep.models.throughput import Coefficients
+from sweep.models.throughput_inputs import Workload
 from sweep.search.strategies import Params
 from sweep.validation.cross_validation import (
     SETTINGS_GRID,

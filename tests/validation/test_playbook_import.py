@@ -16,7 +16,7 @@ from sweep.collect.schema import to_table
 from sweep.core import catalog
 from sweep.core.units import GiB as GIB
 from sweep.models import flops
-from sweep.models.throughput import MEASURED_INTER_NODE
+from sweep.models.throughput_inputs import MEASURED_INTER_NODE
 from sweep.plan.spec import load_spec
 from sweep.validation.playbook_import import PlaybookFormatError, import_playbook
 
