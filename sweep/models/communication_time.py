@@ -7,11 +7,12 @@ runs (``pipe_tp_sync``, whose form sweep.models.throughput's docstring explains)
 
 Bandwidth of a group: inside one node, the catalog's NVLink figure; across nodes, the per-GPU
 network link times the group's ranks on one node (hierarchical collectives use every rail), capped
-by NVLink, and divided by (nodes spanned)^inter_scaling: large fabrics deliver less per GPU. The
-same congestion factor, nodes^inter_scaling, multiplies inter-node latency. A bandwidth the
-run's job measured over all its nodes (`MEASURED_INTER_NODE`) already holds that job's
-congestion, so its groups are scaled by (nodes spanned / job's nodes)^inter_scaling instead. Rank
-order is tp (innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
+by NVLink, and divided by (nodes spanned / the job's nodes)^inter_scaling. The figure is taken as
+what a group over all of the job's nodes gets: a bandwidth the job measured over all its nodes
+(`MEASURED_INTER_NODE`) holds that congestion already, and the catalog's figure is treated the
+same way (the fitted constants were fitted so), so a group over fewer nodes gets more, up to
+NVLink. Inter-node latency is multiplied by nodes^inter_scaling, the job's nodes. Rank order is
+tp (innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
 
 Latency: NCCL runs the per-layer all-gathers and reduce-scatters as rings (n − 1 steps); the
 other collectives count 1 + log2 n steps, which fitted the playbook's runs better than a ring's.
@@ -72,11 +73,10 @@ def inter_node_bandwidth(frame: pd.DataFrame, work: Workload, job_nodes: np.ndar
     in others (13 GB/s at 64 nodes), which no constant of the model can hold. A plan has no such
     column: it is predicted with the catalog.
 
-    Also the node count that figure already holds the fabric's congestion at: the job's nodes
-    (`job_nodes`) where it was measured (an all-reduce over all of them), 1 for the catalog's
-    per-link figure.
-    `_group` scales by (nodes spanned / that)^inter_scaling, so a measured figure is not charged
-    the job's congestion a second time."""
+    Also the node count that figure holds the fabric's congestion at: the job's nodes
+    (`job_nodes`), for a measured figure (an all-reduce over all of them) and for the catalog's
+    alike. `_group` scales by (nodes spanned / that)^inter_scaling, so a measured figure is not
+    charged the job's congestion a second time."""
     inter = np.full(len(frame), work.gpu.inter_node_GBps * 1e9)
     reference = job_nodes
     if MEASURED_INTER_NODE in frame:

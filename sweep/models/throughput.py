@@ -71,8 +71,8 @@ or less on a model left out.
 
 Bandwidth of a group: the catalog's NVLink figure inside one node; across nodes, the network
 link per GPU (or the one the run's job measured, `MEASURED_INTER_NODE`) divided by (nodes
-spanned)^inter_scaling: large fabrics deliver less per GPU (sweep.models.communication_time says
-how). The same congestion factor, nodes^inter_scaling, multiplies inter-node latency.
+spanned / the job's nodes)^inter_scaling (sweep.models.communication_time says how). The
+congestion factor nodes^inter_scaling, over the job's nodes, multiplies inter-node latency.
 
 The features come from small pure functions, each named for its term, of the plan rows' layouts
 (`Rows`, sweep.models.throughput_inputs), the stage that paces their pipeline
@@ -141,7 +141,7 @@ class Coefficients:
     step_overhead: float = 0.05
     pipe_tp_sync: float = 1.0e-3      # 1 ms per layer, micro-batch and TP ring position (pp > 1)
     memory_traffic: float = 1.0       # element-wise and fp32-logits bytes at the HBM datasheet rate
-    # Not linear: inter-node bandwidth per GPU falls as (nodes spanned)^-inter_scaling.
+    # Not linear: inter-node bandwidth per GPU scales as (nodes spanned / job nodes)^-inter_scaling.
     inter_scaling: float = 0.0
     # Not linear: how the GPU's queue (GPU_STREAM) and the host's (HOST_FLOOR) combine,
     # (gpu^p + host^p)^(1/p); 0 adds them (no overlap). See `step_time`.
