@@ -356,9 +356,8 @@ def summary_lines(decision: FabricDecision, measured: Sequence[Measured],
                          ("pair median", decision.pair_median_gbps)) if value is not None)
     lines = [f"fabric check: busbw {medians}; a node below {decision.fraction:g} x the median "
              f"is excluded"]
-    lines += [f"fabric check: excluding {v.node} (measured twice): {'; '.join(v.reasons)}"
-              if v.node in suspects else f"fabric check: excluding {v.node}: {'; '.join(v.reasons)}"
-              for v in decision.verdicts if v.slow]
+    lines += [f"fabric check: excluding {v.node}{' (measured twice)' if v.node in suspects else ''}: "
+              f"{'; '.join(v.reasons)}" for v in decision.verdicts if v.slow]
     excluded = set(decision.excluded)
     lines += [f"fabric check: {node} measured again is within the line: not excluded"
               for node in suspects if node not in excluded]

@@ -12,9 +12,9 @@ A node is excluded when its own busbw is below a stated fraction (`DEFAULT_FRACT
 nodes' median, or when every pair it is in is below that fraction of the pairs' median and the
 slowness follows it (`pinned_on`). A node below the line is measured once more before it is
 excluded (`confirmation_probes`), and each of its probes counts with the better of its two
-figures (`sweep.backends.slurm.fabric_check.better_of`): interference from another job or a passing burst of traffic only ever makes
-a link look slower, never faster, so a node whose second figure is fine was unlucky, not slow,
-and stays.
+figures (`sweep.backends.slurm.fabric_check.better_of`): interference from another job or a
+passing burst of traffic only ever makes a link look slower, never faster, so a node whose
+second figure is fine was unlucky, not slow, and stays.
 """
 
 from __future__ import annotations
@@ -78,10 +78,15 @@ def probes_for(nodes: Sequence[str], gpus_per_node: int | None) -> list[Probe]:
     node_ranks = gpus_per_node or CPU_RANKS_PER_NODE
     pair_ranks = gpus_per_node or 1
     singles = [Probe("node", (node,), node_ranks) for node in nodes] if node_ranks >= 2 else []
-    pairs = ring_pairs(nodes)
+    return in_rounds(singles, [Probe("pair", pair, pair_ranks) for pair in ring_pairs(nodes)])
+
+
+def in_rounds(singles: Sequence[Probe], pairs: Sequence[Probe]) -> list[Probe]:
+    """The node probes in round 0, then the pairs in the rounds after it (`pair_rounds`)."""
     first = 1 if singles else 0
-    return singles + [Probe("pair", pair, pair_ranks, first + r)
-                      for pair, r in zip(pairs, pair_rounds(pairs), strict=True)]
+    rounds = pair_rounds([(p.nodes[0], p.nodes[1]) for p in pairs])
+    return [replace(p, round=0) for p in singles] + [
+        replace(p, round=first + r) for p, r in zip(pairs, rounds, strict=True)]
 
 
 def probe_arguments(probe: Probe, probes: Sequence[Probe], all_up: bool) -> list[str]:
@@ -185,12 +190,7 @@ def confirmation_probes(suspects: Sequence[str], probes: Sequence[Probe]) -> lis
     (round 0), then its pairs, in rounds as the first measurement had them (no node in two
     probes of a round)."""
     chosen = [p for p in probes if set(p.nodes) & set(suspects)]
-    singles = [Probe(p.kind, p.nodes, p.ranks_per_node, 0) for p in chosen if p.kind == "node"]
-    pairs = [p for p in chosen if p.kind == "pair"]
-    rounds = pair_rounds([(p.nodes[0], p.nodes[1]) for p in pairs])
-    first = 1 if singles else 0
-    return singles + [Probe(p.kind, p.nodes, p.ranks_per_node, first + r)
-                      for p, r in zip(pairs, rounds, strict=True)]
+    return in_rounds([p for p in chosen if p.kind == "node"], [p for p in chosen if p.kind == "pair"])
 
 
 def confirmed(decision: FabricDecision, suspects: Sequence[str]) -> FabricDecision:
