@@ -8,7 +8,8 @@
 # instead (a file's tests stay on one worker, the live-Slurm tests run one at a time, and a test
 # marked `alone` runs with no other: tests/conftest.py); on 2 cores that is no faster
 # (docs/contributing.md, "Parallel runs"). Extra arguments go to pytest
-# (e.g. -k watchdog, -m "not slow").
+# (e.g. -k watchdog, -m "not slow"). SWEEP_TEST_CPU_TOP=N ends the run with the N tests that kept
+# the cores busiest (docs/contributing.md).
 # SWEEP_NO_SLURM=1 skips step 3 (the Slurm tests then skip instead of failing).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -94,6 +94,9 @@ def machine_cpu_s() -> tuple[float, float] | None:
 
 
 _CPU_AT_START: list[tuple[float, float]] = []
+# (busy CPU-seconds, wall seconds, test id) of each test, set-up and tear-down included: the
+# machine's, so they are the test's own only when tests run one at a time (no pytest-xdist).
+_CPU_BY_TEST: list[tuple[float, float, str]] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -122,6 +125,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
                 f"machine CPU during the run: {busy:.0f} CPU-seconds busy on {cores} core(s) in "
                 f"{wall:.0f} s ({busy / (cores * wall):.0%} of all cores, anything on the machine "
                 f"included); the work alone needs {busy / cores:.0f} s on these cores")
+    top = int(os.environ.get("SWEEP_TEST_CPU_TOP", "0") or 0)
+    if top > 0 and _CPU_BY_TEST and not hasattr(config, "workerinput"):
+        terminalreporter.write_sep("=", f"{top} tests that kept the machine's cores busiest")
+        for busy, wall, nodeid in sorted(_CPU_BY_TEST, reverse=True)[:top]:
+            terminalreporter.write_line(f"{busy:7.1f} CPU-s {wall:7.1f} s  {nodeid}")
     skipped = _REFDATA_SKIPS
     if REFDATA.is_dir() and skipped:
         terminalreporter.write_line(
@@ -165,7 +173,11 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     on the machine (a dead watchdog's tree), so no other sweep may start meanwhile, whether in
     another pytest-xdist worker or in another test session of this user. The others share."""
     with run_barrier(alone=item.get_closest_marker("alone") is not None):
+        before = machine_cpu_s()
         yield
+        after = machine_cpu_s()
+    if before is not None and after is not None:
+        _CPU_BY_TEST.append((after[0] - before[0], after[1] - before[1], item.nodeid))
 
 
 @contextlib.contextmanager
