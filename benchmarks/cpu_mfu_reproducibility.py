@@ -18,7 +18,11 @@ after both sweeps, and the load average.
 Targets (issue 37): each completed run's MFU within 15 % between the two sweeps
 (|loaded − quiet| / quiet), and no MFU above 1 in either.
 
+The control: `--load-processes 0` runs the same sweep twice with nothing beside it, which
+measures how far the host alone moves a run's MFU (docs/flops-mfu.md: on a 2-vCPU VM, 23.5 %).
+
 Usage: .venv/bin/python benchmarks/cpu_mfu_reproducibility.py [--spec examples/local-cpu.yaml]
+       [--load-processes N]
 """
 
 from __future__ import annotations
