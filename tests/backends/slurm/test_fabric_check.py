@@ -1,7 +1,7 @@
 """The fabric check on Slurm: the job script and its options, the reason bad_nodes.json keeps,
 what `sweep nodes` shows, and, live, a node throttled for real (a CPU quota on its slurmd: a
-simulation of a slow link) found and excluded by `sweep nodes --check` and by `sweep submit
---fabric-check`."""
+simulation of a slow link) found, measured again and excluded by `sweep submit --fabric-check`,
+and a node slow only in the first measurement kept."""
 
 from __future__ import annotations
 
@@ -164,32 +164,6 @@ def slow_node(slurm_cluster: None) -> Iterator[tuple[str, list[str]]]:
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
-def test_the_fabric_check_finds_the_throttled_node_and_excludes_it_with_its_figure(
-        slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    node, nodes = slow_node
-    out = rendered_sweep(tmp_path, sweep_name)
-    capsys.readouterr()
-    assert main(["nodes", str(out), "--check", "--check-nodes", ",".join(nodes)]) == 0
-    printed = plain(capsys.readouterr().out)
-    fabric = json.loads((out / FABRIC_FILE).read_text())
-    assert fabric["excluded"] == [node], fabric["nodes"]
-    assert all(p["busbw_gbps"] for p in fabric["probes"]), fabric["probes"]
-    # slow in the first measurement, it was measured again, and was slow again
-    assert f"{node} below 0.7 x the median; measuring again" in printed
-    assert (node,) in {tuple(p["nodes"]) for p in fabric["again"]}
-    [row] = [r for r in fabric["nodes"] if r["node"] == node]
-    figure = f"all-reduce busbw {row['busbw_gbps']:.3g} GB/s within the node"
-    [record] = BadNodes(out).records()
-    assert record.node == node and figure in (record.reason or "")
-    assert "excluded since" in printed and figure in printed
-    assert main(["nodes", str(out), "--forgive", node]) == 0
-    assert BadNodes(out).exclude() == []
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-@pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
 def test_a_node_slow_only_in_the_first_measurement_is_measured_again_and_kept(
         slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path) -> None:
     """A transient slowdown, for real: the node is throttled while the first measurement runs
@@ -245,19 +219,40 @@ def test_probes_that_give_no_figure_are_named_with_why_and_nothing_is_excluded(
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.alone  # it tells a throttled node by its speed, which another test's load would blur
-def test_submit_with_fabric_check_excludes_the_throttled_node_from_the_first_array(
+def test_submit_with_fabric_check_finds_the_throttled_node_and_keeps_it_out_of_the_first_array(
         slow_node: tuple[str, list[str]], job_path: None, sweep_name: str, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
+    """One live check (about 100 s with the slow node measured twice) serves both ends: what the
+    check finds and records, and what the submission does with it. `sweep nodes --check` runs
+    the same check (`check_fabric`); the live test of probes that give no figure runs it
+    through that command."""
     node, nodes = slow_node
     spec = tiny_cpu_spec(tmp_path / "spec.yaml", sweep_name, global_batch={"sequences": 2},
                          run={"time_limit": "00:02:00", "mem": "1000M"})
     out = tmp_path / "sweep"
     assert main(["submit", str(spec), "--out", str(out), "--fabric-check", "--fabric-check-nodes",
                  ",".join(nodes), "--hold", "--no-report"]) == 0
-    printed = capsys.readouterr().out
+    printed = plain(capsys.readouterr().out)
+    # what the check found: slow in the first measurement, measured again, slow again
+    fabric = json.loads((out / FABRIC_FILE).read_text())
+    assert fabric["excluded"] == [node], fabric["nodes"]
+    assert all(p["busbw_gbps"] for p in fabric["probes"]), fabric["probes"]
+    assert f"{node} below 0.7 x the median; measuring again" in printed
+    assert (node,) in {tuple(p["nodes"]) for p in fabric["again"]}
+    [row] = [r for r in fabric["nodes"] if r["node"] == node]
+    figure = f"all-reduce busbw {row['busbw_gbps']:.3g} GB/s within the node"
+    [record] = BadNodes(out).records()
+    assert record.node == node and figure in (record.reason or "")
+    # what the submission did with it: the check ran first, and the array keeps the node out
     assert printed.index("fabric check:") < printed.index("job array")
     assert f"fabric check: excluding {node}" in printed
     [array] = re.findall(r"job array (\d+)", printed)
     shown = subprocess.run(["scontrol", "show", "job", array], capture_output=True, text=True,
                            check=True).stdout
     assert re.search(rf"ExcNodeList={node}\b", shown), shown
+    # what `sweep nodes` shows of it, and forgiving it
+    assert main(["nodes", str(out)]) == 0
+    listed = plain(capsys.readouterr().out)
+    assert "excluded since" in listed and figure in listed
+    assert main(["nodes", str(out), "--forgive", node]) == 0
+    assert BadNodes(out).exclude() == []
