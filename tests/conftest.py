@@ -94,8 +94,10 @@ def machine_cpu_s() -> tuple[float, float] | None:
 
 
 _CPU_AT_START: list[tuple[float, float]] = []
-# (busy CPU-seconds, wall seconds, test id) of each test, set-up and tear-down included: the
-# machine's, so they are the test's own only when tests run one at a time (no pytest-xdist).
+# SWEEP_TEST_CPU_TOP=N: list the N tests that kept the cores busiest. Each test's (busy
+# CPU-seconds, wall seconds, test id), set-up and tear-down included, is the machine's, so it is
+# the test's own only when tests run one at a time (no pytest-xdist). Measured only when asked.
+CPU_TOP = int(os.environ.get("SWEEP_TEST_CPU_TOP") or 0)
 _CPU_BY_TEST: list[tuple[float, float, str]] = []
 
 
@@ -125,10 +127,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatu
                 f"machine CPU during the run: {busy:.0f} CPU-seconds busy on {cores} core(s) in "
                 f"{wall:.0f} s ({busy / (cores * wall):.0%} of all cores, anything on the machine "
                 f"included); the work alone needs {busy / cores:.0f} s on these cores")
-    top = int(os.environ.get("SWEEP_TEST_CPU_TOP", "0") or 0)
-    if top > 0 and _CPU_BY_TEST and not hasattr(config, "workerinput"):
-        terminalreporter.write_sep("=", f"{top} tests that kept the machine's cores busiest")
-        for busy, wall, nodeid in sorted(_CPU_BY_TEST, reverse=True)[:top]:
+    if _CPU_BY_TEST and not hasattr(config, "workerinput"):
+        terminalreporter.write_sep("=", f"{CPU_TOP} tests that kept the machine's cores busiest")
+        for busy, wall, nodeid in sorted(_CPU_BY_TEST, reverse=True)[:CPU_TOP]:
             terminalreporter.write_line(f"{busy:7.1f} CPU-s {wall:7.1f} s  {nodeid}")
     skipped = _REFDATA_SKIPS
     if REFDATA.is_dir() and skipped:
@@ -173,9 +174,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     on the machine (a dead watchdog's tree), so no other sweep may start meanwhile, whether in
     another pytest-xdist worker or in another test session of this user. The others share."""
     with run_barrier(alone=item.get_closest_marker("alone") is not None):
-        before = machine_cpu_s()
+        before = machine_cpu_s() if CPU_TOP > 0 else None
         yield
-        after = machine_cpu_s()
+        after = machine_cpu_s() if before is not None else None
     if before is not None and after is not None:
         _CPU_BY_TEST.append((after[0] - before[0], after[1] - before[1], item.nodeid))
 

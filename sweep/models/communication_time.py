@@ -13,8 +13,9 @@ what a group over all of the job's nodes gets: a bandwidth the job measured over
 same way (the fitted constants were fitted so), so a group over fewer nodes gets more. The
 NVLink cap applies before that scaling, not after it: a group over a quarter of the job's nodes
 gets twice its capped figure at inter_scaling 0.5, which can exceed NVLink (the constants were
-fitted with it so; capping after would need a refit). Inter-node latency is multiplied by nodes^inter_scaling, the job's nodes. Rank order is
-tp (innermost), cp, dp, pp (outermost), as in Megatron and nanotron.
+fitted with it so; capping after would need a refit). Inter-node latency is multiplied by
+nodes^inter_scaling, the job's nodes. Rank order is tp (innermost), cp, dp, pp (outermost), as
+in Megatron and nanotron.
 
 Latency: NCCL runs the per-layer all-gathers and reduce-scatters as rings (n − 1 steps); the
 other collectives count 1 + log2 n steps, which fitted the playbook's runs better than a ring's.
